@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh Debian 12 machine: system packages, the Python environment,
+# the C kernels. Safe to run again; it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Packages the tool and its tests use. Kept in one place: scripts/debian-packages.txt.
+mapfile -t packages < <(grep -v '^\s*#' scripts/debian-packages.txt | awk 'NF {print $1}')
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    as_root=()
+    [[ $(id -u) -eq 0 ]] || as_root=(sudo)
+    echo "setup: installing ${missing[*]}"
+    "${as_root[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ! -x .venv/bin/python ]]; then
+    python3 -m venv .venv
+fi
+stamp=.venv/.virtlab-installed
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[dev]'
+    touch "$stamp"
+fi
+# Build the C kernels now, so that the first study does not pay for it.
+.venv/bin/python -c "from virtlab.build import build_kernels; print('setup: kernels in', build_kernels().bin_dir)"

@@ -1,0 +1,3 @@
+from virtlab.cli import main
+
+main()

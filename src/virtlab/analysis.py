@@ -1,0 +1,126 @@
+"""From stored trials to the cells of results.json: pure, no I/O.
+
+A cell is one environment x workload x metric: its raw trials in measured order, the
+reduced figure with its spread, and, for every environment but the baseline, the
+overhead against the baseline's cell of the same workload and metric and the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from virtlab import stats
+from virtlab.store import FailureRecord, TrialRecord
+
+RESULTS_FORMAT_VERSION = 1
+
+
+def build_cells(
+    trials: Iterable[TrialRecord],
+    workloads: Sequence[dict[str, Any]],
+    environment_order: Sequence[str],
+    baseline: str,
+    reduction: str,
+    threshold_pct: float,
+) -> list[dict[str, Any]]:
+    workload_by_name = {workload["name"]: workload for workload in workloads}
+    grouped: dict[tuple[str, str, str], list[tuple[int, Any]]] = {}
+    metric_rank: dict[tuple[str, str], int] = {}  # metrics in the order the workload reports them
+    for record in trials:
+        for position, sample in enumerate(record.samples):
+            metric_rank.setdefault((record.workload, sample.metric), position)
+            grouped.setdefault((record.environment, record.workload, sample.metric), []).append(
+                (record.trial, sample)
+            )
+    summaries: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for (environment, workload, metric), entries in grouped.items():
+        entries.sort(key=lambda entry: entry[0])
+        first = entries[0][1]
+        values = [sample.value for _, sample in entries]
+        summary = stats.summarize(values, better=first.better, reduction=reduction).to_dict()
+        cell: dict[str, Any] = {
+            "environment": environment,
+            "workload": workload,
+            "kind": workload_by_name.get(workload, {}).get("kind"),
+            "params": workload_by_name.get(workload, {}).get("params", {}),
+            "metric": metric,
+            "unit": first.unit,
+            "better": first.better,
+            "trials": values,
+            **summary,
+            "overhead_pct": None,
+            "verdict": None,
+        }
+        series = [sample.metadata["series"] for _, sample in entries if "series" in sample.metadata]
+        if series:
+            cell["series"] = series
+        summaries[(environment, workload, metric)] = cell
+
+    for (environment, workload, metric), cell in summaries.items():
+        base = summaries.get((baseline, workload, metric))
+        if environment == baseline or base is None:
+            continue
+        overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
+        cell["overhead_pct"] = overhead
+        cell["verdict"] = stats.verdict(overhead, threshold_pct)
+
+    rank_env = {name: index for index, name in enumerate(environment_order)}
+    rank_workload = {workload["name"]: index for index, workload in enumerate(workloads)}
+    return sorted(
+        summaries.values(),
+        key=lambda c: (
+            rank_workload.get(c["workload"], 1 << 30),
+            metric_rank[(c["workload"], c["metric"])],
+            rank_env.get(c["environment"], 1 << 30),
+        ),
+    )
+
+
+def build_results(
+    study: dict[str, Any],
+    metadata: dict[str, Any],
+    environments: Sequence[dict[str, Any]],
+    workloads: Sequence[dict[str, Any]],
+    trials: Iterable[TrialRecord],
+    failures: Iterable[FailureRecord],
+) -> dict[str, Any]:
+    order = [environment["name"] for environment in environments]
+    cells = build_cells(
+        trials, workloads, order, study["baseline"], study["reduction"], study["threshold_pct"]
+    )
+    return {
+        "version": RESULTS_FORMAT_VERSION,
+        "study": dict(study),
+        "metadata": dict(metadata),
+        "environments": list(environments),
+        "workloads": list(workloads),
+        "cells": cells,
+        "failures": [
+            {
+                "environment": f.environment,
+                "workload": f.workload,
+                "trial": f.trial,
+                "phase": f.phase,
+                "error": f.error,
+                "log": f.log,
+            }
+            for f in failures
+        ],  # fmt: skip
+    }
+
+
+def upgrade_results(document: dict[str, Any]) -> dict[str, Any]:
+    """Bring an older results.json up to the current format, one version at a time."""
+    version = document.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError("not a virtlab results document (no integer 'version')")
+    if version > RESULTS_FORMAT_VERSION:
+        raise ValueError(f"results format {version} is newer than this virtlab ({RESULTS_FORMAT_VERSION})")
+    for step in range(version, RESULTS_FORMAT_VERSION):
+        document = _UPGRADES[step](document)
+    return document
+
+
+# _UPGRADES[n] turns format n into n + 1; docs/results-format.md keeps the history.
+_UPGRADES: dict[int, Any] = {}

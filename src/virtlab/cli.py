@@ -1,0 +1,167 @@
+"""The ``virtlab`` command: parse options, hand over to the library, map outcomes to exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from virtlab import __version__
+from virtlab.errors import InputError
+
+app = typer.Typer(
+    help="Measure what a workload loses in a VM or a container against bare metal.",
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+
+@app.command()
+def run(
+    plan: Annotated[Path | None, typer.Argument(help="TOML plan; default: the built-in quick study")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="results directory")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue a study from what is stored")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no live progress display")] = False,
+) -> None:
+    """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
+    from virtlab.plan import load_plan
+    from virtlab.progress import RichProgress, SilentProgress
+    from virtlab.runner import StudyRunner, default_out_dir, latest_out_dir, open_study, preflight
+
+    study_plan = load_plan(plan)
+    if out is None:
+        out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
+    store = open_study(study_plan, out, resume)
+    try:
+        kernels = preflight(study_plan)
+        progress = SilentProgress() if quiet else RichProgress()
+        outcome = StudyRunner(study_plan, out, store, kernels, progress).run()
+    finally:
+        store.close()
+    console.print(f"results: {out}/report.html")
+    if outcome.failed_environments or outcome.failed_cells:
+        failed = len(outcome.failed_cells) + len(outcome.failed_environments)
+        console.print(f"[red]{failed} environment(s)/cell(s) failed; see the report's Failures section[/red]")
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def report(directory: Annotated[Path, typer.Argument(help="a results directory")]) -> None:
+    """Rebuild results.json, results.csv and the reports of a results directory from its database."""
+    from virtlab.outputs import open_results_dir, write_outputs
+
+    store = open_results_dir(directory)
+    try:
+        write_outputs(directory, store, reports=True)
+    finally:
+        store.close()
+    console.print(f"wrote {directory}/report.md and {directory}/report.html")
+
+
+@app.command()
+def compare(
+    before: Annotated[Path, typer.Argument(help="results directory A (before)")],
+    after: Annotated[Path, typer.Argument(help="results directory B (after)")],
+    fail_over: Annotated[
+        float | None,
+        typer.Option("--fail-over", help="exit 1 if a cell regressed by more than PCT, significantly"),
+    ] = None,
+    alpha: Annotated[float, typer.Option(help="significance level of the Mann-Whitney U test")] = 0.05,
+) -> None:
+    """Per-cell change from A to B with significance."""
+    from virtlab.compare import compare_results, regressions_over, render_compare_markdown
+
+    changes = compare_results(_load_results(before), _load_results(after), alpha=alpha)
+    typer.echo(render_compare_markdown(changes, str(before), str(after)))
+    if fail_over is not None:
+        regressed = regressions_over(changes, fail_over)
+        if regressed:
+            typer.echo(
+                f"{len(regressed)} cell(s) regressed by more than {fail_over:g}% with significance", err=True
+            )
+            raise typer.Exit(1)
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="probe KVM again instead of using the cache")
+    ] = False,
+) -> None:
+    """What this host offers: tools, KVM (really probed), runc, cgroups, NUMA, counters, energy."""
+    from virtlab.doctor import run_doctor
+
+    result = run_doctor(refresh=refresh)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        result.render(console)
+
+
+@app.command()
+def workloads() -> None:
+    """The workloads that exist, with their parameters."""
+    from virtlab.workloads import WORKLOADS
+
+    for name, cls in WORKLOADS:
+        _print_plugin(name, cls.summary, cls.Params)
+
+
+@app.command()
+def envs() -> None:
+    """The environment kinds that exist, with their options."""
+    from virtlab.environments import ENVIRONMENTS
+
+    for name, cls in ENVIRONMENTS:
+        _print_plugin(name, cls.summary, cls.Options)
+
+
+def _print_plugin(name: str, summary: str, model: type) -> None:
+    console.print(f"[bold]{name}[/bold]: {summary}", highlight=False)
+    for field_name, field in model.model_fields.items():
+        default = "required" if field.is_required() else f"default {field.default!r}"
+        console.print(
+            f"    {field_name} ({default}): {field.description or ''}", highlight=False, markup=False
+        )
+
+
+def _load_results(directory: Path) -> dict:
+    from virtlab.analysis import upgrade_results
+
+    path = directory / "results.json" if directory.is_dir() else directory
+    try:
+        return upgrade_results(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise InputError(str(path), "no results.json", "give a directory written by virtlab run") from None
+    except (json.JSONDecodeError, ValueError) as error:
+        raise InputError(str(path), f"not a virtlab results file: {error}") from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"virtlab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version")
+    ] = False,
+) -> None:
+    pass
+
+
+def main() -> None:
+    try:
+        app()
+    except InputError as error:
+        print(f"virtlab: {error.message()}", file=sys.stderr)
+        sys.exit(2)

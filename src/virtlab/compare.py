@@ -1,0 +1,242 @@
+"""Compare two studies cell by cell: before/after tuning, or one host against another.
+
+Cells are matched by (environment, workload, metric). A change counts only when the
+raw trials differ by a two-sided Mann-Whitney U test, so that run-to-run noise is
+not reported as a regression; its size is given both as the plain change of the
+figure and as a *regression*, positive when the metric got worse whichever way
+it points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from virtlab import stats
+from virtlab.export.markdown import escape, render_table
+from virtlab.export.tables import (
+    ARROW,
+    Cell,
+    Table,
+    cell_index,
+    cell_trials,
+    cell_value,
+    check_version,
+    format_pct,
+    format_value,
+)
+
+STATUS_WORSE = "worse"
+STATUS_BETTER = "better"
+STATUS_NOISE = "not significant"
+STATUS_NOT_MEASURED = "not measured"
+STATUS_INCOMPARABLE = "incomparable"
+STATUS_ONLY_A = "only in A"
+STATUS_ONLY_B = "only in B"
+
+
+@dataclass(frozen=True)
+class CellChange:
+    """How one cell changed from study A (``before``) to study B (``after``)."""
+
+    environment: str
+    workload: str
+    metric: str
+    unit: str
+    better: str
+    before: float | None
+    after: float | None
+    change_pct: float | None
+    """Plain relative change of the figure, positive = the number went up."""
+    regression_pct: float | None
+    """Positive = got worse (slower, less throughput), negative = improved."""
+    p_value: float | None
+    """Two-sided Mann-Whitney U on the raw trials; None when either side has none."""
+    significant: bool
+    status: str
+    """worse, better, not significant, not measured, incomparable, only in A, only in B."""
+
+
+def _reduction(results: Mapping[str, Any]) -> str:
+    return str((results.get("study") or {}).get("reduction") or "trimmed-mean")
+
+
+def _better(cell: Mapping[str, Any]) -> str:
+    better = cell.get("better")
+    return better if better in ("higher", "lower") else "higher"
+
+
+def _unmatched(cell: Mapping[str, Any], reduction: str, in_a: bool) -> CellChange:
+    value = cell_value(cell, reduction)
+    return CellChange(
+        environment=str(cell.get("environment")),
+        workload=str(cell.get("workload")),
+        metric=str(cell.get("metric")),
+        unit=str(cell.get("unit") or ""),
+        better=_better(cell),
+        before=value if in_a else None,
+        after=None if in_a else value,
+        change_pct=None,
+        regression_pct=None,
+        p_value=None,
+        significant=False,
+        status=STATUS_ONLY_A if in_a else STATUS_ONLY_B,
+    )
+
+
+def _matched(a: Mapping[str, Any], b: Mapping[str, Any], red_a: str, red_b: str, alpha: float) -> CellChange:
+    before, after = cell_value(a, red_a), cell_value(b, red_b)
+    better = _better(b)
+    fields = {
+        "environment": str(b.get("environment")),
+        "workload": str(b.get("workload")),
+        "metric": str(b.get("metric")),
+        "unit": str(b.get("unit") or ""),
+        "better": better,
+        "before": before,
+        "after": after,
+    }
+    if (a.get("unit") or "") != (b.get("unit") or "") or _better(a) != better:
+        # a unit or direction that changed makes any percentage meaningless
+        return CellChange(
+            **fields,
+            change_pct=None,
+            regression_pct=None,
+            p_value=None,
+            significant=False,
+            status=STATUS_INCOMPARABLE,
+        )
+    trials_a, trials_b = cell_trials(a), cell_trials(b)
+    if before is None or after is None or not trials_a or not trials_b:
+        return CellChange(
+            **fields,
+            change_pct=None,
+            regression_pct=None,
+            p_value=None,
+            significant=False,
+            status=STATUS_NOT_MEASURED,
+        )
+    test = stats.mann_whitney_u(trials_a, trials_b)
+    significant = test.significant(alpha)
+    regression = stats.overhead_pct(after, before, better)
+    if not significant or not regression:
+        status = STATUS_NOISE
+    else:
+        status = STATUS_WORSE if regression > 0 else STATUS_BETTER
+    return CellChange(
+        **fields,
+        change_pct=stats.change_pct(before, after),
+        regression_pct=regression,
+        p_value=test.p_value,
+        significant=significant,
+        status=status,
+    )
+
+
+def compare_results(a: Mapping[str, Any], b: Mapping[str, Any], alpha: float = 0.05) -> list[CellChange]:
+    """Every cell of A and B, matched by (environment, workload, metric).
+
+    Matched cells come in A's order, then the cells only B has, in B's order.
+    ``significant`` is Mann-Whitney's p < ``alpha`` on the raw trials.
+    """
+    check_version(a)
+    check_version(b)
+    red_a, red_b = _reduction(a), _reduction(b)
+    index_a, index_b = cell_index(a), cell_index(b)
+    changes = []
+    for key, cell_a in index_a.items():
+        cell_b = index_b.get(key)
+        if cell_b is None:
+            changes.append(_unmatched(cell_a, red_a, in_a=True))
+        else:
+            changes.append(_matched(cell_a, cell_b, red_a, red_b, alpha))
+    for key, cell_b in index_b.items():
+        if key not in index_a:
+            changes.append(_unmatched(cell_b, red_b, in_a=False))
+    return changes
+
+
+def regressions_over(changes: Iterable[CellChange], pct: float) -> list[CellChange]:
+    """The significant changes that made a cell worse by more than ``pct`` percent."""
+    return [c for c in changes if c.significant and c.regression_pct is not None and c.regression_pct > pct]
+
+
+def _figure(value: float | None) -> Cell:
+    if value is None:
+        return Cell("\u2014", "missing")
+    return Cell(format_value(value, None), "num")
+
+
+def _p_text(p: float | None) -> str:
+    if p is None:
+        return "\u2014"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def compare_table(changes: Sequence[CellChange], name_a: str, name_b: str) -> Table:
+    rows = []
+    for c in changes:
+        arrow = ARROW.get(c.better, "?")
+        unit = f"{c.unit}, {arrow}" if c.unit else arrow
+        rows.append(
+            (
+                Cell(f"{c.workload} \u00b7 {c.metric} ({unit})", "label"),
+                Cell(c.environment),
+                _figure(c.before),
+                _figure(c.after),
+                Cell(format_pct(c.change_pct), "num")
+                if c.change_pct is not None
+                else Cell("\u2014", "missing"),
+                Cell(format_pct(c.regression_pct), "num")
+                if c.regression_pct is not None
+                else Cell("\u2014", "missing"),
+                Cell(_p_text(c.p_value), "num" if c.p_value is not None else "missing"),
+                Cell(
+                    c.status,
+                    "bad" if c.status == STATUS_WORSE else "ok" if c.status == STATUS_BETTER else "text",
+                ),
+            )
+        )
+    return Table(
+        key="compare",
+        title=f"{name_a} \u2192 {name_b}",
+        header=(
+            "workload \u00b7 metric",
+            "environment",
+            name_a,
+            name_b,
+            "change %",
+            "regression %",
+            "p",
+            "status",
+        ),
+        rows=tuple(rows),
+    )
+
+
+def render_compare_markdown(changes: Sequence[CellChange], name_a: str, name_b: str) -> str:
+    """A Markdown report of ``changes``: a summary line and one table of every cell."""
+    counts = {
+        status: sum(1 for c in changes if c.status == status)
+        for status in (STATUS_WORSE, STATUS_BETTER, STATUS_NOISE, STATUS_ONLY_A, STATUS_ONLY_B)
+    }
+    a, b = escape(name_a), escape(name_b)
+    summary = (
+        f"{len(changes)} cells: {counts[STATUS_WORSE]} worse, {counts[STATUS_BETTER]} better, "
+        f"{counts[STATUS_NOISE]} without a significant change; "
+        f"{counts[STATUS_ONLY_A]} only in {a}, {counts[STATUS_ONLY_B]} only in {b}."
+    )
+    legend = (
+        f"change % = plain change of the figure from {a} to {b}; regression % = how much "
+        "worse, positive for a loss whichever way the metric points; p = two-sided "
+        "Mann-Whitney U on the raw trials. Status \u201conly in A\u201d means only in "
+        f"{a}, \u201conly in B\u201d only in {b}."
+    )
+    parts = [
+        f"# Compare: {a} \u2192 {b}",
+        summary,
+        render_table(compare_table(changes, name_a, name_b)),
+        legend,
+    ]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,24 @@
+"""Environment plugins, one module each, registered by ``kind``.
+
+Drivers with heavy or optional dependencies are imported only when a plan names them.
+"""
+
+from virtlab.environments import native  # noqa: E402,F401  (registers itself)
+from virtlab.environments._base import (
+    ENVIRONMENTS,
+    CommandResult,
+    Environment,
+    EnvironmentError_,
+    EnvironmentOptions,
+    register_environment,
+)
+
+
+__all__ = [
+    "ENVIRONMENTS",
+    "CommandResult",
+    "Environment",
+    "EnvironmentError_",
+    "EnvironmentOptions",
+    "register_environment",
+]

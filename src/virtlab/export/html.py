@@ -1,0 +1,62 @@
+"""The HTML report: one self-contained page (inline CSS and SVG, nothing fetched).
+
+The template is rendered with autoescape on, so every name, option, error and log
+is escaped by jinja2; the only text marked safe is the SVG our own chart code
+produced (:mod:`virtlab.export.charts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from virtlab.export.charts import render_charts
+from virtlab.export.tables import Table, build_report, note_mark
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("virtlab", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals["note_mark"] = note_mark
+    env.globals["column_class"] = column_class
+    return env
+
+
+def column_class(table: Table, column: int) -> str:
+    """How a column aligns: "num" (right), "mark" (centred) or "" (left)."""
+    cells = [row[column] for row in table.rows if row[column].text]
+    if cells and all(c.kind in ("ok", "bad", "missing") and len(c.text) == 1 for c in cells):
+        return "mark"
+    if cells and all(c.kind in ("num", "missing") for c in cells):
+        return "num"
+    return ""
+
+
+def render_html(results: Mapping[str, Any]) -> str:
+    """The whole report of ``results`` (format version 1) as one HTML page."""
+    report = build_report(results)
+    bars, series = render_charts(results)
+    charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in bars]
+    lines = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in series]
+    meta = results.get("metadata") or {}
+    return (
+        _environment()
+        .get_template("report.html.j2")
+        .render(
+            report=report,
+            charts=charts,
+            series=lines,
+            version=results.get("version"),
+            virtlab_version=meta.get("virtlab_version") or "",
+        )
+    )

@@ -1,0 +1,46 @@
+"""Everything a results directory holds besides the database, rebuilt from the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from virtlab.analysis import build_results
+from virtlab.errors import InputError
+from virtlab.store import ResultStore
+
+
+def results_from_store(store: ResultStore) -> dict[str, Any]:
+    study = store.get("study")
+    if study is None:
+        raise InputError(str(store.path), "holds no study", "point at a directory written by virtlab run")
+    environments = store.environments()
+    order = store.get("environment_order", [])
+    environments.sort(key=lambda env: order.index(env["name"]) if env["name"] in order else len(order))
+    return build_results(
+        study=study,
+        metadata=store.get("metadata", {}),
+        environments=environments,
+        workloads=store.get("workloads", []),
+        trials=store.trials(),
+        failures=store.failures(),
+    )
+
+
+def write_outputs(out_dir: Path, store: ResultStore, reports: bool = True) -> dict[str, Any]:
+    """Rewrite results.json and results.csv (and the reports); returns the results."""
+    from virtlab.export import write_reports, write_results_csv, write_results_json
+
+    results = results_from_store(store)
+    write_results_json(results, out_dir / "results.json")
+    write_results_csv(results, out_dir / "results.csv")
+    if reports:
+        write_reports(results, out_dir)
+    return results
+
+
+def open_results_dir(directory: Path) -> ResultStore:
+    path = directory / ResultStore.FILENAME
+    if not path.is_file():
+        raise InputError(str(directory), "no results.sqlite here", "give a directory written by virtlab run")
+    return ResultStore(path)

@@ -1,0 +1,248 @@
+"""A study plan: TOML in, validated objects out, or one clear InputError.
+
+The shape is fixed by plans that other tools already write:
+``[study]``, ``[[environment]]`` (``name``, ``kind`` and the kind's options) and
+``[[workload]]`` (``name``, ``kind`` and the workload's parameters). Unknown keys
+anywhere are errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from virtlab import stats
+from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
+from virtlab.errors import InputError
+from virtlab.registry import UnknownPluginError
+from virtlab.workloads import WORKLOADS, Workload
+
+DEFAULT_PLAN = "quick.toml"
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class StudySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_NAME_PATTERN, description="names the results directory")
+    description: str = ""
+    trials: int = Field(default=12, ge=1, le=100_000, description="counted trials per cell")
+    warmups: int = Field(default=1, ge=0, le=1000, description="uncounted runs per cell first")
+    reduction: str = Field(default="trimmed-mean", description="how trials become one figure")
+    threshold_pct: float = Field(default=10.0, gt=0, le=1000, description="the ○/× verdict")
+    baseline: str | None = Field(default=None, description="environment name; default the first")
+    order: Literal["interleave", "shuffle"] = Field(
+        default="interleave", description="how trials of different cells alternate"
+    )
+    seed: int = Field(default=0, description="seed of the shuffled order")
+    target_cov_pct: float | None = Field(
+        default=None, gt=0, description="adaptive: add trials while the spread is above this"
+    )
+    min_trials: int | None = Field(default=None, ge=1, description="adaptive: trials before checking")
+    max_trials: int | None = Field(default=None, ge=1, description="adaptive: never more than this")
+
+    @field_validator("reduction")
+    @classmethod
+    def _known_reduction(cls, value: str) -> str:
+        if value not in stats.reduction_names():
+            raise ValueError(f"unknown reduction {value!r}; valid: {', '.join(stats.reduction_names())}")
+        return value
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> StudySpec:
+        if self.target_cov_pct is None and (self.min_trials or self.max_trials):
+            raise ValueError("min_trials/max_trials need target_cov_pct (adaptive repetition)")
+        if self.target_cov_pct is not None and self.max_trials is not None:
+            if self.max_trials < (self.min_trials or self.trials):
+                raise ValueError("max_trials must be at least min_trials (or trials)")
+        return self
+
+    @property
+    def first_trials(self) -> int:
+        """Trials every cell gets before adaptive repetition looks at the spread."""
+        return self.min_trials or self.trials if self.target_cov_pct is not None else self.trials
+
+    @property
+    def trial_limit(self) -> int:
+        if self.target_cov_pct is None:
+            return self.trials
+        return self.max_trials or 3 * self.first_trials
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    name: str
+    kind: str
+    options: EnvironmentOptions
+    cls: type[Environment]
+
+    def create(self, workdir: Path) -> Environment:
+        return self.cls(self.name, self.options, workdir)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    kind: str
+    workload: Workload
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "params": self.workload.describe_params()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str
+    text: str
+    study: StudySpec
+    environments: tuple[EnvironmentSpec, ...]
+    workloads: tuple[WorkloadSpec, ...]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @property
+    def baseline(self) -> str:
+        return self.study.baseline or self.environments[0].name
+
+
+def default_plan_path() -> Path:
+    return Path(str(resources.files("virtlab") / "plans" / DEFAULT_PLAN))
+
+
+def load_plan(path: Path | None = None) -> Plan:
+    path = path or default_plan_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(
+            str(path), "no such plan file", "give the path of a TOML plan, e.g. plans/quick.toml"
+        ) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise InputError(str(path), f"cannot read the plan: {error}") from None
+    return parse_plan(text, str(path))
+
+
+def parse_plan(text: str, source: str = "<plan>") -> Plan:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
+    unknown = sorted(set(document) - {"study", "environment", "workload"})
+    if unknown:
+        raise InputError(
+            source, f"unknown top-level key {unknown[0]!r}", "use [study], [[environment]] and [[workload]]"
+        )
+    study = _validated(StudySpec, document.get("study"), source, "study")
+    environments = tuple(
+        _environment(table, source, i) for i, table in enumerate(_tables(document, "environment", source))
+    )
+    workloads = tuple(
+        _workload(table, source, i) for i, table in enumerate(_tables(document, "workload", source))
+    )
+    for label, specs in (("environment", environments), ("workload", workloads)):
+        names = [spec.name for spec in specs]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise InputError(
+                    source,
+                    f"{label}[{index}]: the name {name!r} is used twice",
+                    "give every one a distinct name",
+                )
+    env_names = [spec.name for spec in environments]
+    if study.baseline is not None and study.baseline not in env_names:
+        raise InputError(
+            source,
+            f"study.baseline: no environment named {study.baseline!r}",
+            f"use one of: {', '.join(env_names)}",
+        )
+    return Plan(source, text, study, environments, workloads)
+
+
+def _tables(document: dict[str, Any], key: str, source: str) -> list[dict[str, Any]]:
+    tables = document.get(key)
+    if not tables:
+        raise InputError(source, f"no [[{key}]] table", f"add at least one [[{key}]] with a name and a kind")
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise InputError(source, f"{key} must be an array of tables", f"write it as [[{key}]]")
+    return tables
+
+
+def _name_and_kind(table: dict[str, Any], source: str, where: str) -> tuple[str, str]:
+    for key in ("name", "kind"):
+        if not isinstance(table.get(key), str) or not table[key]:
+            raise InputError(source, f"{where}.{key} is missing or not a string", f'add {key} = "..."')
+    name, kind = table["name"], table["kind"]
+    import re
+
+    if not re.match(_NAME_PATTERN, name):
+        raise InputError(
+            source, f"{where}.name {name!r} has characters a name cannot have", "use letters, digits, . _ -"
+        )
+    return name, kind
+
+
+def _environment(table: dict[str, Any], source: str, index: int) -> EnvironmentSpec:
+    where = f"environment[{index}]"
+    name, kind = _name_and_kind(table, source, where)
+    try:
+        cls = ENVIRONMENTS.get(kind)
+    except UnknownPluginError as error:
+        raise InputError(
+            source, f"{where} ({name}).kind: unknown kind {kind!r}", f"use one of: {', '.join(error.valid)}"
+        ) from None
+    options = _validated(cls.Options, _without(table, "name", "kind"), source, f"{where} ({name})")
+    return EnvironmentSpec(name, kind, options, cls)
+
+
+def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:
+    where = f"workload[{index}]"
+    name, kind = _name_and_kind(table, source, where)
+    try:
+        cls = WORKLOADS.get(kind)
+    except UnknownPluginError as error:
+        raise InputError(
+            source, f"{where} ({name}).kind: unknown kind {kind!r}", f"use one of: {', '.join(error.valid)}"
+        ) from None
+    params = _validated(cls.Params, _without(table, "name", "kind"), source, f"{where} ({name})")
+    return WorkloadSpec(name, kind, cls(params))
+
+
+def _without(table: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in table.items() if key not in keys}
+
+
+def _validated(model: type[BaseModel], values: Any, source: str, where: str) -> Any:
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise InputError(source, f"{where} must be a table", f"write it as [{where}]")
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise _input_error(error, model, source, where) from None
+
+
+def _input_error(error: ValidationError, model: type[BaseModel], source: str, where: str) -> InputError:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    path = f"{where}.{location}" if location else where
+    known = ", ".join(name for name in model.model_fields)
+    if first["type"] == "extra_forbidden":
+        return InputError(source, f"{path}: unknown key", f"remove it or use one of: {known}")
+    if first["type"] == "missing":
+        return InputError(source, f"{path}: required key is missing", f"add {location} = ...")
+    field = model.model_fields.get(str(first["loc"][0])) if first["loc"] else None
+    hint = f"{location}: {field.description}" if field is not None and field.description else None
+    message = first["msg"].removeprefix("Value error, ")
+    return InputError(source, f"{path}: {message} (got {first.get('input')!r})", hint)

@@ -1,0 +1,307 @@
+"""Runs a study: provision environments, run the interleaved trials, store each as it ends.
+
+The data flows one way: plan -> schedule -> environment runs workload -> trial stored ->
+outputs rebuilt. A failing cell is stored with its log and the study goes on; Ctrl-C
+(or SIGTERM) stops after tearing the environments down, keeping every finished trial.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from virtlab import __version__, stats
+from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.environments import Environment, EnvironmentError_
+from virtlab.errors import InputError
+from virtlab.outputs import write_outputs
+from virtlab.plan import Plan, WorkloadSpec
+from virtlab.progress import ProgressSink
+from virtlab.samples import ParseError, Sample
+from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
+from virtlab.store import FailureRecord, ResultStore, TrialRecord
+
+EXIT_OK, EXIT_CELLS_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+class TrialFailure(Exception):
+    def __init__(self, error: str, log: str) -> None:
+        super().__init__(error)
+        self.log = log
+
+
+@dataclass
+class StudyOutcome:
+    out_dir: Path
+    failed_cells: set[Cell] = field(default_factory=set)
+    failed_environments: set[str] = field(default_factory=set)
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_CELLS_FAILED if self.failed_cells or self.failed_environments else EXIT_OK
+
+
+def default_out_dir(plan: Plan, root: Path = Path("results")) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return root / f"{plan.study.name}-{stamp}"
+
+
+def latest_out_dir(plan: Plan, root: Path = Path("results")) -> Path | None:
+    candidates = sorted(root.glob(f"{plan.study.name}-*/{ResultStore.FILENAME}")) if root.is_dir() else []
+    return candidates[-1].parent if candidates else None
+
+
+def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
+    existing = (out_dir / ResultStore.FILENAME).exists()
+    if resume and not existing:
+        raise InputError(
+            str(out_dir), "nothing to resume here", "drop --resume, or give --out of an earlier run"
+        )
+    if existing and not resume:
+        raise InputError(
+            str(out_dir), "already holds results", "add --resume to continue it, or choose another --out"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = ResultStore.in_dir(out_dir)
+    if resume and store.get("plan_sha256") != plan.sha256:
+        store.close()
+        raise InputError(
+            plan.source,
+            f"differs from the plan that started {out_dir}",
+            "resume with the same plan file, or start a new study",
+        )
+    return store
+
+
+def preflight(plan: Plan) -> KernelBuild:
+    """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell."""
+    problems = []
+    for env in plan.environments:
+        for workload in plan.workloads:
+            for problem in env.cls.preflight(env.options, workload.workload.tools):
+                problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
+    if problems:
+        raise InputError(plan.source, problems[0], "install the missing tool (see `virtlab doctor`)")
+    try:
+        return build_kernels()
+    except BuildError as error:
+        raise InputError(
+            "virtlab kernels", str(error), "apt-get install build-essential libgmp-dev libmpfr-dev"
+        ) from None
+
+
+class StudyRunner:
+    def __init__(
+        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
+    ):
+        self.plan, self.out_dir, self.store, self.kernels, self.progress = (
+            plan,
+            out_dir,
+            store,
+            kernels,
+            progress,
+        )
+        self.outcome = StudyOutcome(out_dir)
+        self.environments: dict[str, Environment] = {}
+        self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
+        self.cells: list[Cell] = [(env.name, w.name) for w in plan.workloads for env in plan.environments]
+
+    def run(self) -> StudyOutcome:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self._record_study()
+        try:
+            self._provision_all()
+            self._run_rounds()
+            self.store.put("status", "finished")
+        except KeyboardInterrupt:
+            self.outcome.interrupted = True
+            self.store.put("status", "interrupted")
+            self.progress.note("interrupted: every finished trial is stored; continue with --resume")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.progress.stop()
+            self._teardown_all()
+            self._finish_study()
+        return self.outcome
+
+    # -- study record ------------------------------------------------------------------
+    def _record_study(self) -> None:
+        from virtlab.metadata import collect_host_metadata, collect_tool_versions
+
+        started = self.store.get("metadata", {}).get("started") or _now()
+        self.store.put("plan_sha256", self.plan.sha256)
+        self.store.put("plan_text", self.plan.text)
+        tools = sorted({"cc", *(t for w in self.plan.workloads for t in w.workload.tools)})
+        self.store.put(
+            "metadata",
+            {
+                "virtlab_version": __version__,
+                "started": started,
+                "ended": None,
+                "host": collect_host_metadata(),
+                "tools": collect_tool_versions(tools),
+                "kernels": self.kernels.metadata(),
+            },
+        )
+        self.store.put("workloads", [spec.describe() for spec in self.plan.workloads])
+        self.store.put("environment_order", [env.name for env in self.plan.environments])
+        self.store.put("status", "running")
+        self._put_study_summary("running")
+        self.store.clear_failures()
+
+    def _put_study_summary(self, status: str) -> None:
+        study = self.plan.study
+        self.store.put(
+            "study",
+            {
+                "name": study.name, "description": study.description, "trials": study.trials,
+                "warmups": study.warmups, "reduction": study.reduction, "threshold_pct": study.threshold_pct,
+                "baseline": self.plan.baseline, "order": study.order, "target_cov_pct": study.target_cov_pct,
+                "plan_file": self.plan.source, "plan_sha256": self.plan.sha256, "status": status,
+            },
+        )  # fmt: skip
+
+    def _finish_study(self) -> None:
+        metadata = self.store.get("metadata", {})
+        metadata["ended"] = _now()
+        self.store.put("metadata", metadata)
+        self._put_study_summary(self.store.get("status"))
+        write_outputs(self.out_dir, self.store, reports=True)
+
+    # -- environments ------------------------------------------------------------------
+    def _provision_all(self) -> None:
+        for spec in self.plan.environments:
+            workdir = self.out_dir / "environments" / spec.name
+            workdir.mkdir(parents=True, exist_ok=True)
+            environment = spec.create(workdir)
+            self.progress.note(f"provisioning {spec.name} ({spec.kind})")
+            try:
+                environment.provision(self.kernels)
+                manifest = environment.manifest()
+            except (EnvironmentError_, OSError, RuntimeError) as error:
+                log = getattr(error, "log", "") or repr(error)
+                self.store.put_environment(
+                    spec.name, spec.kind, spec.describe()["options"], "failed", None, str(error)
+                )
+                self.store.add_failure(
+                    FailureRecord(spec.name, None, None, "provision", str(error), log, time.time())
+                )
+                self.outcome.failed_environments.add(spec.name)
+                environment.teardown()
+                continue
+            self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
+            self.environments[spec.name] = environment
+
+    def _teardown_all(self) -> None:
+        for environment in self.environments.values():
+            try:
+                environment.teardown()
+            except Exception as error:  # noqa: BLE001 - teardown of one must not stop the others
+                self.progress.note(f"teardown of {environment.name} failed: {error}")
+
+    # -- trials ------------------------------------------------------------------------
+    def _runnable(self) -> list[Cell]:
+        return [cell for cell in self.cells if cell[0] in self.environments]
+
+    def _run_rounds(self) -> None:
+        study = self.plan.study
+        rounds = plan_rounds(
+            self._runnable(),
+            self.store.trial_counts(),
+            study.first_trials,
+            study.warmups,
+            study.order,
+            study.seed,
+        )
+        self.progress.start(sum(len(tasks) for tasks in rounds))
+        self._run_tasks(rounds)
+        if study.target_cov_pct is None:
+            return
+        while True:
+            counts = self.store.trial_counts()
+            extra = cells_needing_more(self._spreads(), counts, study.target_cov_pct, study.trial_limit)
+            extra = [cell for cell in extra if cell not in self.outcome.failed_cells]
+            if not extra:
+                return
+            tasks = [Task(env, wl, counts[(env, wl)]) for env, wl in extra]
+            self.progress.add_total(len(tasks))
+            self._run_tasks([tasks])
+
+    def _spreads(self) -> dict[Cell, float | None]:
+        values: dict[tuple[str, str, str], list[float]] = {}
+        for record in self.store.trials():
+            for sample in record.samples:
+                values.setdefault((record.environment, record.workload, sample.metric), []).append(
+                    sample.value
+                )
+        spreads: dict[Cell, float | None] = {}
+        for (env, workload, _metric), series in values.items():
+            cov = stats.summarize(series).cov
+            current = spreads.get((env, workload))
+            spreads[(env, workload)] = cov if current is None or (cov or 0) > current else current
+        return spreads
+
+    def _run_tasks(self, rounds: list[list[Task]]) -> None:
+        for tasks in rounds:
+            for task in tasks:
+                if task.cell in self.outcome.failed_cells:
+                    self.progress.advance()
+                    continue
+                self.progress.trial(task.environment, task.workload, task.label)
+                self._run_task(task)
+                self.progress.advance()
+            write_outputs(self.out_dir, self.store, reports=False)
+
+    def _run_task(self, task: Task) -> None:
+        environment = self.environments[task.environment]
+        workload = self.workloads[task.workload].workload
+        started = time.time()
+        try:
+            samples = self._measure(environment, workload)
+        except TrialFailure as failure:
+            self.outcome.failed_cells.add(task.cell)
+            self.store.add_failure(
+                FailureRecord(
+                    task.environment, task.workload, task.trial, "run", str(failure), failure.log, time.time()
+                )
+            )
+            self.progress.note(f"FAILED {task.workload} @ {task.environment} ({task.label}): {failure}")
+            return
+        if task.trial is not None:
+            elapsed = time.time() - started
+            self.store.add_trial(
+                TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
+            )
+
+    @staticmethod
+    def _measure(environment: Environment, workload: Any) -> list[Sample]:
+        argv = workload.command(environment.bin_dir)
+        try:
+            result = environment.run(argv, workload.timeout_s)
+        except (EnvironmentError_, OSError) as error:
+            raise TrialFailure(
+                f"environment error: {error}", getattr(error, "log", "") or repr(error)
+            ) from None
+        if result.timed_out:
+            raise TrialFailure(f"timed out after {workload.timeout_s:g} s", result.log())
+        if result.exit_code != 0:
+            raise TrialFailure(f"exit status {result.exit_code}", result.log())
+        try:
+            return workload.parse(result.stdout)
+        except ParseError as error:
+            raise TrialFailure(f"output not understood: {error}", result.log()) from None
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

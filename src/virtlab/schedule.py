@@ -1,0 +1,68 @@
+"""The order in which trials run: pure planning, tested on fixed data.
+
+Trials of different cells are interleaved (every cell's n-th trial before any cell's
+(n+1)-th), so slow drift of the host (thermal state, background load) hits every
+environment alike instead of whichever ran last. Warm-ups come first and are not counted.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Cell = tuple[str, str]  # (environment, workload)
+
+
+@dataclass(frozen=True)
+class Task:
+    environment: str
+    workload: str
+    trial: int | None  # None for a warm-up
+
+    @property
+    def cell(self) -> Cell:
+        return (self.environment, self.workload)
+
+    @property
+    def label(self) -> str:
+        return "warm-up" if self.trial is None else f"trial {self.trial + 1}"
+
+
+def plan_rounds(
+    cells: Sequence[Cell],
+    done: Mapping[Cell, int],
+    trials: int,
+    warmups: int,
+    order: Literal["interleave", "shuffle"] = "interleave",
+    seed: int = 0,
+) -> list[list[Task]]:
+    """Rounds of tasks bringing every cell to ``trials`` counted trials.
+
+    ``cells`` are in workload-major order (each workload across all environments),
+    ``done`` counts the trials already stored; cells that are complete get no warm-up.
+    """
+    pending = [cell for cell in cells if done.get(cell, 0) < trials]
+    rounds: list[list[Task]] = [
+        [Task(env, workload, None) for env, workload in pending] for _ in range(warmups)
+    ]
+    for index in range(trials):
+        tasks = [Task(env, wl, index) for env, wl in pending if done.get((env, wl), 0) <= index]
+        if tasks:
+            rounds.append(tasks)
+    if order == "shuffle":
+        for number, tasks in enumerate(rounds):
+            random.Random(seed * 1_000_003 + number).shuffle(tasks)
+    return [tasks for tasks in rounds if tasks]
+
+
+def cells_needing_more(
+    spreads: Mapping[Cell, float | None], counts: Mapping[Cell, int], target_cov_pct: float, limit: int
+) -> list[Cell]:
+    """Adaptive repetition: the cells whose coefficient of variation is still above target."""
+    return [
+        cell
+        for cell, cov in spreads.items()
+        if cov is not None and cov * 100 > target_cov_pct and counts.get(cell, 0) < limit
+    ]

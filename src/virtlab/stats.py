@@ -1,0 +1,422 @@
+"""Statistics for reducing repeated benchmark trials to comparable figures.
+
+A benchmark run produces several trials per (environment, workload) pair. This
+module turns those trials into one reported figure plus the spread around it,
+and compares figures against a baseline (usually bare metal) so the tool can
+say "this hypervisor costs N% here".
+
+Everything is a pure function of its arguments: no I/O, no mutable module
+state (``REDUCTIONS`` is a constant registry). That keeps the numbers
+reproducible from the stored raw trials alone.
+
+The default reduction follows a Japanese virtualization benchmark paper: run
+12 trials, discard the single highest and single lowest, and average the
+remaining 10. That discards one warm-up/cold-cache spike and one lucky run
+without needing an outlier model, and the paper's verdict marks ("×" for a
+difference of 10% or more from the baseline, "○" otherwise) are reproduced by
+:func:`verdict`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from scipy import stats as _sps
+
+__all__ = [
+    "REDUCTIONS",
+    "Better",
+    "MannWhitney",
+    "Reducer",
+    "Summary",
+    "change_pct",
+    "mann_whitney_u",
+    "overhead_pct",
+    "reduction_names",
+    "summarize",
+    "trimmed_mean",
+    "verdict",
+]
+
+Better = Literal["higher", "lower"]
+"""Direction in which a metric improves (throughput: higher; latency: lower)."""
+
+Reducer = Callable[[Sequence[float], Better], tuple[float, tuple[bool, ...]]]
+"""A reduction: (validated non-empty values, better) -> (figure, kept mask)."""
+
+# Iglewicz & Hoaglin (1993): 0.6745 is the 0.75 quantile of the standard
+# normal, which makes MAD comparable to a standard deviation for normal data;
+# |M| > 3.5 is their recommended cut-off for "potential outlier".
+_MODZ_SCALE = 0.6745
+_MODZ_CUTOFF = 3.5
+
+_VALID_BETTER: tuple[str, ...] = ("higher", "lower")
+
+MARK_OK = "\u25cb"  # "○" WHITE CIRCLE: within threshold of the baseline
+MARK_BAD = "\u00d7"  # "×" MULTIPLICATION SIGN: threshold or more away
+
+
+# --------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------
+
+
+def _as_floats(values: Iterable[float]) -> tuple[float, ...]:
+    """Copy ``values`` to a tuple of floats, rejecting nan/inf.
+
+    A NaN silently poisons every mean and comparison downstream, and an inf
+    usually means a timer or division went wrong in the harness; failing loudly
+    with the position lets the user find the broken trial.
+    """
+    out = tuple(float(v) for v in values)
+    for i, v in enumerate(out):
+        if not math.isfinite(v):
+            raise ValueError(f"value at index {i} is not finite: {v!r}")
+    return out
+
+
+def _check_better(better: str) -> None:
+    """Reject anything but "higher"/"lower"; a typo would silently flip signs."""
+    if better not in _VALID_BETTER:
+        raise ValueError(f"better must be one of {', '.join(_VALID_BETTER)}; got {better!r}")
+
+
+def _only(n: int, index: int) -> tuple[bool, ...]:
+    """A kept-mask with a single True at ``index``."""
+    return tuple(i == index for i in range(n))
+
+
+def _require_nonempty(vals: Sequence[float], what: str) -> None:
+    if not vals:
+        raise ValueError(f"{what} of an empty sequence is undefined")
+
+
+# --------------------------------------------------------------------------
+# reductions
+# --------------------------------------------------------------------------
+
+
+def trimmed_mean(values: Iterable[float]) -> tuple[float, tuple[bool, ...]]:
+    """Mean after dropping exactly one maximum and one minimum.
+
+    This is the paper's rule (12 trials -> drop the top and bottom one ->
+    average 10). Exactly one instance of each extreme is dropped even when it
+    is tied, so the number of averaged values is always ``n - 2`` and results
+    stay comparable across runs. The dropped positions are those that a
+    *stable* sort puts at either end: the first occurrence of the minimum and
+    the last occurrence of the maximum. That makes the choice deterministic and
+    guarantees two distinct positions even when all values are equal.
+
+    With fewer than 3 values there is nothing left after dropping both ends,
+    so the plain mean of all values is returned and everything is kept.
+
+    Returns ``(mean, kept)``, where ``kept[i]`` is False for the two dropped
+    input positions.
+    """
+    vals = _as_floats(values)
+    _require_nonempty(vals, "trimmed mean")
+    n = len(vals)
+    if n < 3:
+        return math.fsum(vals) / n, (True,) * n
+    order = sorted(range(n), key=vals.__getitem__)  # stable: ties keep input order
+    dropped = {order[0], order[-1]}
+    kept = tuple(i not in dropped for i in range(n))
+    rest = [v for v, k in zip(vals, kept, strict=True) if k]
+    return math.fsum(rest) / len(rest), kept
+
+
+def _reduce_trimmed(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    return trimmed_mean(vals)
+
+
+def _reduce_mean(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    _require_nonempty(vals, "mean")
+    return math.fsum(vals) / len(vals), (True,) * len(vals)
+
+
+def _reduce_median(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    _require_nonempty(vals, "median")
+    return float(statistics.median(vals)), (True,) * len(vals)
+
+
+def _reduce_min(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    _require_nonempty(vals, "min")
+    m = min(vals)
+    return m, _only(len(vals), vals.index(m))  # first occurrence
+
+
+def _reduce_max(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    _require_nonempty(vals, "max")
+    m = max(vals)
+    return m, _only(len(vals), vals.index(m))  # first occurrence
+
+
+def _reduce_best(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    """Best trial: what the machine can do at its peak (max or min by direction)."""
+    _check_better(better)
+    return _reduce_max(vals, better) if better == "higher" else _reduce_min(vals, better)
+
+
+def _reduce_worst(vals: Sequence[float], better: Better) -> tuple[float, tuple[bool, ...]]:
+    """Worst trial: the pessimistic bound, the mirror image of ``best``."""
+    _check_better(better)
+    return _reduce_min(vals, better) if better == "higher" else _reduce_max(vals, better)
+
+
+REDUCTIONS: dict[str, Reducer] = {
+    "trimmed-mean": _reduce_trimmed,
+    "mean": _reduce_mean,
+    "median": _reduce_median,
+    "min": _reduce_min,
+    "max": _reduce_max,
+    "best": _reduce_best,
+    "worst": _reduce_worst,
+}
+"""Reduction name -> reducer. Insertion order is the documented order; the
+first entry is the default."""
+
+
+def reduction_names() -> list[str]:
+    """Valid reduction names, default first (for CLI choices and error text)."""
+    return list(REDUCTIONS)
+
+
+def _get_reducer(name: str) -> Reducer:
+    try:
+        return REDUCTIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reduction {name!r}; valid names: {', '.join(reduction_names())}") from None
+
+
+# --------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Reduced figure for one set of trials plus the spread around it.
+
+    The spread fields (stdev, cov, ci95, mad, outliers) always describe *all*
+    input values, not just the ones the reduction kept: they exist to show how
+    noisy the measurement was, and hiding the dropped extremes would understate
+    that. Outliers are only flagged, never removed.
+    """
+
+    n: int
+    value: float | None
+    reduction: str
+    mean: float | None
+    median: float | None
+    min: float | None
+    max: float | None
+    stdev: float | None
+    cov: float | None
+    ci95: tuple[float, float] | None
+    mad: float | None
+    kept: tuple[bool, ...]
+    outliers: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form: tuples become lists, everything else as-is."""
+        return {
+            "n": self.n,
+            "value": self.value,
+            "reduction": self.reduction,
+            "mean": self.mean,
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "stdev": self.stdev,
+            "cov": self.cov,
+            "ci95": list(self.ci95) if self.ci95 is not None else None,
+            "mad": self.mad,
+            "kept": list(self.kept),
+            "outliers": list(self.outliers),
+        }
+
+
+def _ci95(mean: float, stdev: float, n: int) -> tuple[float, float]:
+    """Student-t 95% CI of the mean.
+
+    With the handful of trials a benchmark affords (often 12, sometimes 3), the
+    normal approximation (±1.96 SE) is far too narrow; the t quantile with
+    n-1 degrees of freedom accounts for stdev itself being estimated.
+    """
+    t = float(_sps.t.ppf(0.975, n - 1))
+    half = t * stdev / math.sqrt(n)
+    return (mean - half, mean + half)
+
+
+def _outliers(vals: Sequence[float], median: float, mad: float) -> tuple[int, ...]:
+    """Indices whose modified z-score exceeds 3.5 (Iglewicz-Hoaglin).
+
+    Median/MAD based, so one wild trial cannot inflate the scale it is judged
+    by (unlike a mean/stdev z-score). When MAD is 0 (at least half the values
+    identical) the score is undefined, and nothing is flagged rather than
+    flagging every value that differs at all.
+    """
+    if mad == 0:
+        return ()
+    return tuple(i for i, v in enumerate(vals) if abs(_MODZ_SCALE * (v - median) / mad) > _MODZ_CUTOFF)
+
+
+def summarize(
+    values: Iterable[float],
+    better: Better = "higher",
+    reduction: str = "trimmed-mean",
+) -> Summary:
+    """Reduce repeated trials to one figure under ``reduction``, with spread.
+
+    ``better`` only matters for the direction-aware reductions ("best",
+    "worst"), but is validated always so a typo never goes unnoticed.
+
+    An empty input yields ``n=0`` and None everywhere rather than raising, so a
+    workload that produced no trials still has a row in the report. An unknown
+    reduction or a non-finite value raises ValueError.
+    """
+    _check_better(better)
+    reducer = _get_reducer(reduction)
+    vals = _as_floats(values)
+    n = len(vals)
+    if n == 0:
+        return Summary(
+            n=0,
+            value=None,
+            reduction=reduction,
+            mean=None,
+            median=None,
+            min=None,
+            max=None,
+            stdev=None,
+            cov=None,
+            ci95=None,
+            mad=None,
+            kept=(),
+            outliers=(),
+        )
+
+    value, kept = reducer(vals, better)
+    mean = math.fsum(vals) / n
+    median = float(statistics.median(vals))
+    mad = float(statistics.median(abs(v - median) for v in vals))
+
+    stdev: float | None = None
+    ci95: tuple[float, float] | None = None
+    if n >= 2:
+        # statistics.stdev is the sample (n-1) estimator: the trials are a
+        # sample of the machine's behaviour, not the whole population.
+        stdev = float(statistics.stdev(vals))
+        ci95 = _ci95(mean, stdev, n)
+    cov = stdev / abs(mean) if stdev is not None and mean != 0 else None
+
+    return Summary(
+        n=n,
+        value=float(value),
+        reduction=reduction,
+        mean=mean,
+        median=median,
+        min=min(vals),
+        max=max(vals),
+        stdev=stdev,
+        cov=cov,
+        ci95=ci95,
+        mad=mad,
+        kept=kept,
+        outliers=_outliers(vals, median, mad),
+    )
+
+
+# --------------------------------------------------------------------------
+# comparisons
+# --------------------------------------------------------------------------
+
+
+def overhead_pct(value: float | None, baseline: float | None, better: Better) -> float | None:
+    """How much worse ``value`` is than ``baseline``, in percent; positive = loss.
+
+    Normalising the sign by direction lets a report read "+8% overhead" the
+    same way for throughput (higher is better) and latency (lower is better):
+
+    - higher: ``(baseline - value) / baseline * 100``
+    - lower:  ``(value - baseline) / baseline * 100``
+
+    Returns None when either figure is missing or the baseline is 0 (no
+    meaningful ratio).
+    """
+    _check_better(better)
+    if value is None or baseline is None or baseline == 0:
+        return None
+    if better == "higher":
+        return (baseline - value) / baseline * 100.0
+    return (value - baseline) / baseline * 100.0
+
+
+def verdict(overhead: float | None, threshold_pct: float = 10.0) -> str | None:
+    """The paper's mark: "×" if ``abs(overhead) >= threshold_pct``, else "○".
+
+    The paper marks a *difference* of 10% or more from the baseline, in either
+    direction: a virtualised run that is suspiciously much faster than bare
+    metal is as worth a second look as one that is much slower. None when the
+    overhead is unknown.
+    """
+    if overhead is None:
+        return None
+    return MARK_BAD if abs(overhead) >= threshold_pct else MARK_OK
+
+
+def change_pct(before: float, after: float) -> float | None:
+    """Relative change from ``before`` to ``after`` in percent (run-to-run drift).
+
+    Unlike :func:`overhead_pct` this is direction-agnostic: positive means the
+    number went up. None when ``before`` is 0.
+    """
+    if before == 0:
+        return None
+    return (after - before) / before * 100.0
+
+
+@dataclass(frozen=True)
+class MannWhitney:
+    """Result of a two-sided Mann-Whitney U test.
+
+    ``u`` is scipy's statistic for the first sample: the number of pairs
+    (a_i, b_j) with a_i > b_j, counting ties as 1/2.
+    """
+
+    u: float
+    p_value: float
+
+    def significant(self, alpha: float = 0.05) -> bool:
+        """True when the samples differ at level ``alpha`` (p < alpha)."""
+        return self.p_value < alpha
+
+
+def _u_statistic(a: Sequence[float], b: Sequence[float]) -> float:
+    """U for ``a`` by direct pair counting (same definition as scipy)."""
+    return float(sum(1.0 if x > y else 0.5 if x == y else 0.0 for x in a for y in b))
+
+
+def mann_whitney_u(a: Iterable[float], b: Iterable[float]) -> MannWhitney:
+    """Two-sided Mann-Whitney U test: did two sets of trials differ?
+
+    Rank-based, so it makes no normality assumption; benchmark timings are
+    typically skewed with a long tail. Uses ``scipy.stats.mannwhitneyu`` with
+    ``method="auto"`` (exact for small tie-free samples, asymptotic otherwise).
+
+    Degenerate inputs, where the test carries no information, return
+    ``p_value=1.0`` ("no evidence of a difference") instead of scipy's nan or
+    error: either sample has fewer than 2 values, or every value in both
+    samples is identical. ``u`` is then the pair-count statistic, or 0 when a
+    sample is empty.
+    """
+    xa = _as_floats(a)
+    xb = _as_floats(b)
+    if len(xa) < 2 or len(xb) < 2 or len(set(xa + xb)) == 1:
+        return MannWhitney(u=_u_statistic(xa, xb), p_value=1.0)
+    res = _sps.mannwhitneyu(xa, xb, alternative="two-sided", method="auto")
+    return MannWhitney(u=float(res.statistic), p_value=float(res.pvalue))

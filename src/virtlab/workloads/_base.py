@@ -1,0 +1,75 @@
+"""What every workload is: parameters, a command line, and a parser.
+
+A workload knows nothing of where it runs. It names the C kernels (``virtlab/native``)
+and the system tools it needs; the environment says where the kernels live
+(``bin_dir``) and runs the argument list the workload builds.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from virtlab.registry import Registry
+from virtlab.samples import Sample
+
+
+class WorkloadParams(BaseModel):
+    """Base of every workload's parameters: validated, documented, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(default=600.0, gt=0, description="a trial running longer fails")
+
+
+class Workload(ABC):
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+    Params: ClassVar[type[WorkloadParams]] = WorkloadParams
+    kernels: ClassVar[tuple[str, ...]] = ()
+    """C kernels (file stems in virtlab/native) the command runs."""
+    tools: ClassVar[tuple[str, ...]] = ()
+    """Programs the command expects on PATH inside the environment."""
+
+    def __init__(self, params: WorkloadParams | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> Workload:
+        return cls(cls.Params.model_validate(values))
+
+    @abstractmethod
+    def command(self, bin_dir: str) -> list[str]:
+        """The argument list of one trial; ``bin_dir`` is where the kernels are in the environment."""
+
+    @abstractmethod
+    def parse(self, output: str) -> list[Sample]:
+        """Typed samples from the command's standard output; raises ParseError when they are not there."""
+
+    @property
+    def timeout_s(self) -> float:
+        return self.params.timeout_s
+
+    def describe_params(self) -> dict[str, Any]:
+        return self.params.model_dump(mode="json")
+
+
+WORKLOADS: Registry[type[Workload]] = Registry("workload", entry_point_group="virtlab.workloads")
+
+
+def register_workload(cls: type[Workload]) -> type[Workload]:
+    WORKLOADS.add(cls.kind, cls)
+    return cls
+
+
+def key_values(output: str) -> dict[str, str]:
+    """The ``key=value`` pairs a kernel prints, later lines winning; other lines are ignored."""
+    pairs: dict[str, str] = {}
+    for line in output.splitlines():
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep and key:
+                pairs[key] = value
+    return pairs

@@ -1,0 +1,70 @@
+"""What cubic_calc and malloc_access share: run for a while, count operations every second."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from virtlab.samples import ParseError, Sample
+from virtlab.workloads._base import WorkloadParams
+
+
+class ThroughputParams(WorkloadParams):
+    """Parameters of a program that runs for a while and counts its operations every second."""
+
+    duration_s: int = Field(default=60, ge=1, le=100_000_000, description="seconds the program runs")
+    timeout_s: float = Field(
+        default=660.0, gt=0, description="a trial running longer fails; unless given, duration_s + 600"
+    )
+    memory_mb: int = Field(default=1, ge=1, le=16_777_216, description="working memory in MiB")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_follows_duration(cls, data: Any) -> Any:
+        """Unless given, the timeout leaves the run its duration plus ten minutes for setup."""
+        if isinstance(data, dict) and "timeout_s" not in data:
+            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
+            if isinstance(duration, int | float) and not isinstance(duration, bool):
+                return {**data, "timeout_s": float(duration) + 600.0}
+        return data
+
+    @model_validator(mode="after")
+    def _timeout_after_duration(self) -> ThroughputParams:
+        if self.timeout_s <= self.duration_s:
+            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s})")
+        return self
+
+
+def throughput_samples(output: str, kernel: str) -> list[Sample]:
+    """``ops_per_s`` with the per-second series from ``t=N ops=M`` lines and the final summary."""
+    series: list[int] = []
+    summary: dict[str, str] = {}
+    for line in output.splitlines():
+        pairs = dict(token.partition("=")[::2] for token in line.split() if "=" in token)
+        if "t" in pairs and "ops" in pairs:
+            try:
+                second, ops = int(pairs["t"]), int(pairs["ops"])
+            except ValueError:
+                raise ParseError(f"{kernel}: bad per-second line {line!r}") from None
+            if second != len(series) + 1:
+                raise ParseError(f"{kernel}: second {second} follows second {len(series)}")
+            series.append(ops)
+        else:
+            summary.update(pairs)
+    if "ops_per_s" not in summary:
+        raise ParseError(f"{kernel}: no ops_per_s= summary in the output (did the run finish?)")
+    if summary.get("valid") != "1":
+        raise ParseError(f"{kernel}: the kernel's own check failed (valid={summary.get('valid')})")
+    try:
+        rate = float(summary["ops_per_s"])
+        total = int(summary["ops_total"])
+    except (KeyError, ValueError) as error:
+        raise ParseError(f"{kernel}: incomplete summary ({error})") from None
+    if not series or sum(series) != total:
+        raise ParseError(f"{kernel}: per-second counts add up to {sum(series)}, not ops_total={total}")
+    metadata: dict[str, Any] = {"series": series, "ops_total": total}
+    for key in ("init_s", "elapsed_s"):
+        if key in summary:
+            metadata[key] = float(summary[key])
+    return [Sample("ops_per_s", rate, "ops/s", "higher", metadata)]

@@ -1,0 +1,173 @@
+"""Comparing two studies: matching cells, sign of a regression, significance."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from virtlab import stats
+from virtlab.compare import (
+    STATUS_BETTER,
+    STATUS_NOISE,
+    STATUS_ONLY_A,
+    STATUS_ONLY_B,
+    STATUS_WORSE,
+    CellChange,
+    compare_results,
+    regressions_over,
+    render_compare_markdown,
+)
+
+# 12 trials with about ±4% spread, as a real benchmark gives
+BASE = [100.0, 97.0, 103.0, 99.0, 101.0, 98.0, 102.0, 100.5, 99.5, 96.0, 104.0, 100.0]
+
+
+def scaled(factor: float, values: list[float] = BASE) -> list[float]:
+    return [round(v * factor, 4) for v in values]
+
+
+def cell(
+    env: str, workload: str, metric: str, trials: list[float], better: str = "higher", unit: str = "MB/s"
+):
+    s = stats.summarize(trials, better)
+    return {
+        "environment": env,
+        "workload": workload,
+        "kind": workload,
+        "params": {},
+        "metric": metric,
+        "unit": unit,
+        "better": better,
+        "trials": trials,
+        "kept": list(s.kept),
+        "value": s.value,
+        "reduction": s.reduction,
+        "n": s.n,
+        "ci95": list(s.ci95),
+        "outliers": list(s.outliers),
+    }
+
+
+def study(name: str, cells: list[dict]) -> dict:
+    return {
+        "version": 1,
+        "study": {"name": name, "trials": 12, "reduction": "trimmed-mean", "baseline": "native"},
+        "metadata": {},
+        "environments": [],
+        "workloads": [],
+        "cells": cells,
+        "failures": [],
+    }
+
+
+@pytest.fixture
+def changes() -> list[CellChange]:
+    a = study(
+        "before",
+        [
+            cell("native", "stream", "triad_mb_s", BASE),
+            cell("native", "stream", "copy_mb_s", BASE),
+            cell("native", "pi", "elapsed_s", scaled(0.1), "lower", "s"),
+            cell("native", "blast", "elapsed_s", scaled(0.2), "lower", "s"),
+            cell("vm", "stream", "triad_mb_s", BASE),
+        ],
+    )
+    b = study(
+        "after",
+        [
+            cell("native", "stream", "triad_mb_s", scaled(0.8)),  # 20% less bandwidth
+            cell("native", "stream", "copy_mb_s", scaled(1.01, BASE[::-1])),  # 1% noise
+            cell("native", "pi", "elapsed_s", scaled(0.12), "lower", "s"),  # 20% slower
+            cell("native", "blast", "elapsed_s", scaled(0.16), "lower", "s"),  # 20% faster
+            cell("container", "stream", "triad_mb_s", BASE),
+        ],
+    )
+    return compare_results(a, b)
+
+
+def by_key(changes: list[CellChange], env: str, workload: str, metric: str) -> CellChange:
+    return next(c for c in changes if (c.environment, c.workload, c.metric) == (env, workload, metric))
+
+
+def test_clear_regression_is_significant_and_reported(changes):
+    triad = by_key(changes, "native", "stream", "triad_mb_s")
+    assert triad.change_pct == pytest.approx(-20.0)
+    assert triad.regression_pct == pytest.approx(20.0)
+    assert triad.p_value < 0.001
+    assert triad.significant
+    assert triad.status == STATUS_WORSE
+    assert triad in regressions_over(changes, 10)
+    assert triad not in regressions_over(changes, 25)
+
+
+def test_noise_is_not_significant(changes):
+    copy = by_key(changes, "native", "stream", "copy_mb_s")
+    assert copy.change_pct == pytest.approx(1.0, abs=0.01)
+    assert copy.p_value > 0.05
+    assert not copy.significant
+    assert copy.status == STATUS_NOISE
+    assert copy not in regressions_over(changes, 0)
+
+
+def test_lower_is_better_sign(changes):
+    pi = by_key(changes, "native", "pi", "elapsed_s")
+    assert pi.change_pct == pytest.approx(20.0)  # the number went up ...
+    assert pi.regression_pct == pytest.approx(20.0)  # ... and that is worse for a time
+    assert pi.status == STATUS_WORSE
+    blast = by_key(changes, "native", "blast", "elapsed_s")
+    assert blast.change_pct == pytest.approx(-20.0)
+    assert blast.regression_pct == pytest.approx(-20.0)
+    assert blast.significant and blast.status == STATUS_BETTER
+    assert [c.workload for c in regressions_over(changes, 10)] == ["stream", "pi"]
+
+
+def test_unmatched_cells(changes):
+    only_a = by_key(changes, "vm", "stream", "triad_mb_s")
+    assert only_a.status == STATUS_ONLY_A
+    assert only_a.before == pytest.approx(100.0)
+    assert only_a.after is None and only_a.p_value is None and not only_a.significant
+    only_b = by_key(changes, "container", "stream", "triad_mb_s")
+    assert only_b.status == STATUS_ONLY_B
+    assert only_b.before is None and only_b.after == pytest.approx(100.0)
+    assert [c.status for c in changes][-1] == STATUS_ONLY_B  # B's extras come last
+    assert len(changes) == 6
+
+
+def test_cell_change_is_frozen(changes):
+    with pytest.raises(AttributeError):
+        changes[0].status = "x"  # type: ignore[misc]
+
+
+def test_compare_markdown(changes):
+    md = render_compare_markdown(changes, "before|tuning", "after")
+    assert md.startswith("# Compare: before\\|tuning → after\n")
+    assert "6 cells: 2 worse, 1 better, 1 without a significant change; 1 only in before\\|tuning" in md
+    rows = [
+        [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        for line in md.splitlines()
+        if line.startswith("|")
+    ]
+    assert rows[0] == [
+        "workload · metric",
+        "environment",
+        "before\\|tuning",
+        "after",
+        "change %",
+        "regression %",
+        "p",
+        "status",
+    ]
+    triad = next(r for r in rows if r[0].startswith("stream · triad") and r[1] == "native")
+    assert triad[2:] == ["100.00", "80.000", "-20.0", "+20.0", "\\< 0.001", "worse"]
+    pi = next(r for r in rows if r[0].startswith("pi · elapsed_s (s, ↓)"))
+    assert pi[4:6] == ["+20.0", "+20.0"]
+    vm = next(r for r in rows if r[1] == "vm")
+    assert vm[3:] == ["—", "—", "—", "—", "only in A"]
+
+
+def test_incomparable_units():
+    a = study("a", [cell("native", "stream", "triad_mb_s", BASE, unit="MB/s")])
+    b = study("b", [cell("native", "stream", "triad_mb_s", BASE, unit="GB/s")])
+    (change,) = compare_results(a, b)
+    assert change.status == "incomparable" and change.regression_pct is None

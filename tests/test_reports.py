@@ -1,0 +1,353 @@
+"""Reports of a study: the tables they show, the numbers' formatting, and escaping."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from virtlab.export import (
+    render_html,
+    render_markdown,
+    write_reports,
+    write_results_csv,
+    write_results_json,
+)
+from virtlab.export.markdown import escape
+from virtlab.export.tables import format_pct, format_value
+
+SAMPLE = Path(__file__).parent / "data" / "results_sample.json"
+EVIL = "<script>alert(1)</script>|x"
+
+
+@pytest.fixture
+def results() -> dict:
+    return json.loads(SAMPLE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def sample_html() -> str:
+    return render_html(json.loads(SAMPLE.read_text(encoding="utf-8")))
+
+
+def md_table(markdown: str, heading: str) -> list[list[str]]:
+    """The first pipe table after ``## heading`` as rows of stripped cell texts."""
+    lines = markdown.splitlines()
+    start = lines.index(f"## {heading}")
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|"):
+            rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+        elif rows:
+            break
+    assert rows, f"no table under {heading!r}"
+    header, rule, *body = rows
+    assert all(set(c) <= set(":-") for c in rule)
+    return [header, *body]
+
+
+def row_of(table: list[list[str]], label_start: str, column: int = 0) -> list[str]:
+    matches = [r for r in table if r[0].startswith(label_start)]
+    assert matches, f"no row starting with {label_start!r}"
+    return matches[column]
+
+
+# --------------------------------------------------------------------------
+# number formatting
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "half", "text"),
+    [
+        (2457.839, 7.8246, "2457.8 ± 7.8"),
+        (0.96912, 0.05619, "0.969 ± 0.056"),
+        (1203978.6, 2285.3, "1204000 ± 2300"),
+        (5880.22, 29.744, "5880 ± 30"),
+        (16.482, None, "16.482"),
+        (1962.766657, 0.0, "1962.8"),
+    ],
+)
+def test_value_rounded_to_the_noise(value, half, text):
+    assert format_value(value, half) == text
+
+
+def test_percentages_are_signed():
+    assert format_pct(11.709) == "+11.7"
+    assert format_pct(-1.1526) == "-1.2"
+    assert format_pct(0.01) == "0.0"
+
+
+# --------------------------------------------------------------------------
+# markdown
+# --------------------------------------------------------------------------
+
+
+def test_results_table_has_metrics_as_rows_and_environments_as_columns(results):
+    table = md_table(render_markdown(results), "Results")
+    assert table[0] == ["workload · metric", "native", "container", "vm"]
+    assert [r[0] for r in table[1:]] == [
+        "himeno-m · mflops (MFLOPS, ↑)",
+        "pi-1m · elapsed_s (s, ↓)",
+        "stream · copy_mb_s (MB/s, ↑)",
+        "stream · scale_mb_s (MB/s, ↑)",
+        "stream · add_mb_s (MB/s, ↑)",
+        "stream · triad_mb_s (MB/s, ↑)",
+        "cubic-calc · ops_per_s (ops/s, ↑)",
+    ]
+    assert row_of(table, "himeno-m")[1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "—¹"]
+    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "0.9579 ± 0.0069", "—¹"]
+    assert row_of(table, "stream · add")[1:] == ["6421 ± 29", "5669 ± 73", "—¹"]
+    assert row_of(table, "cubic-calc")[1:] == ["1204000 ± 2300", "1185600 ± 5500", "—¹"]
+
+
+def test_markdown_escapes_only_what_would_be_markup():
+    # intraword underscores are never emphasis in GFM, so metric names stay readable
+    assert escape("elapsed_s") == "elapsed_s"
+    assert escape("_x_ *y* a|b <b> [l](u) ~~s~~") == "\\_x\\_ \\*y\\* a\\|b \\<b\\> \\[l\\](u) \\~\\~s\\~\\~"
+    assert escape("two\nlines") == "two lines"
+
+
+def test_unmeasured_environment_shows_a_dash_and_the_reason(results):
+    md = render_markdown(results)
+    table = md_table(md, "Results")
+    assert all(r[3] == "—¹" for r in table[1:])
+    assert "¹ not measured: environment vm failed: guest did not boot: KVM internal error" in md
+    # never a number for vm anywhere in the tables
+    for heading in ("Overhead vs native (%)", "Verdict (within ±10% of native)"):
+        assert all(r[-1] == "—¹" for r in md_table(md, heading)[1:])
+
+
+def test_overhead_sign_follows_the_metric_direction(results):
+    table = md_table(render_markdown(results), "Overhead vs native (%)")
+    assert table[0] == ["workload · metric", "container", "vm"]
+    # higher is better and the container is lower: a loss, positive
+    assert row_of(table, "himeno-m")[1] == "+1.4"
+    assert row_of(table, "stream · add")[1] == "+11.7"
+    # lower is better and the container is faster: a gain, negative
+    assert row_of(table, "pi-1m")[1] == "-1.2"
+
+
+def test_overhead_is_computed_when_not_stored(results):
+    for cell in results["cells"]:
+        cell.pop("overhead_pct", None)
+        cell.pop("verdict", None)
+    himeno = next(
+        c for c in results["cells"] if c["environment"] == "container" and c["workload"] == "himeno-m"
+    )
+    himeno["value"] = 2457.839 * 1.05  # container faster than native on a higher-is-better metric
+    md = render_markdown(results)
+    assert row_of(md_table(md, "Overhead vs native (%)"), "himeno-m")[1] == "-5.0"
+    assert row_of(md_table(md, "Overhead vs native (%)"), "pi-1m")[1] == "-1.2"
+    verdict = md_table(md, "Verdict (within ±10% of native)")
+    assert row_of(verdict, "stream · add")[1] == "×"
+    assert row_of(verdict, "himeno-m")[1] == "○"
+
+
+def test_verdict_table_marks_like_seed_table_15(results):
+    table = md_table(render_markdown(results), "Verdict (within ±10% of native)")
+    assert table[0] == ["workload · metric", "container", "vm"]
+    marks = {r[0].split(" (")[0]: r[1] for r in table[1:]}
+    assert marks == {
+        "himeno-m · mflops": "○",
+        "pi-1m · elapsed_s": "○",
+        "stream · copy_mb_s": "○",
+        "stream · scale_mb_s": "○",
+        "stream · add_mb_s": "×",
+        "stream · triad_mb_s": "○",
+        "cubic-calc · ops_per_s": "○",
+    }
+
+
+def test_trials_show_every_value_and_mark_dropped_and_outliers(results):
+    table = md_table(render_markdown(results), "Trials")
+    assert table[0][:3] == ["workload · metric", "environment", "1"]
+    assert table[0][-1] == "12"
+    himeno = [r for r in table if r[0].startswith("himeno-m") and r[1] == "native"][0]
+    assert himeno[2:] == [
+        "2478.6", "2458.6", "2445.9", "2445.7", "~~2481.5~~", "2466.0",
+        "2464.3", "2452.8", "~~2444.1~~", "2461.5", "2452.9", "2452.2",
+    ]  # fmt: skip
+    pi = [r for r in table if r[0].startswith("pi-1m") and r[1] == "native"][0]
+    assert pi[7] == "~~1.2733~~†"  # trial 6: the cold-cache run, dropped and an outlier
+    for row in table[1:]:
+        if row[1] != "vm":
+            assert sum(c.startswith("~~") for c in row) == 2
+    vm = [r for r in table if r[1] == "vm"]
+    assert len(vm) == 7 and all(r[2] == "—¹" for r in vm)
+
+
+def test_failure_section_shows_error_and_log(results):
+    md = render_markdown(results)
+    section = md.split("## Failures", 1)[1].split("\n## ", 1)[0]
+    assert "### vm (phase provision)" in section
+    assert "**error:** guest did not boot" in section
+    block = re.search(r"```text\n(.*?)\n```", section, re.S)
+    assert block is not None
+    assert "KVM internal error. Suberror: 1" in block.group(1)
+    assert 'fallback tcg disabled by plan (accel = "kvm")' in block.group(1)
+
+
+def test_no_failure_section_without_failures(results):
+    results["failures"] = []
+    assert "## Failures" not in render_markdown(results)
+
+
+def test_log_with_backticks_gets_a_longer_fence(results):
+    results["failures"][0]["log"] = "before\n```\nnot the end\n````\nafter"
+    md = render_markdown(results)
+    assert "`````text\nbefore\n```\nnot the end\n````\nafter\n`````" in md
+
+
+def test_environments_and_metadata(results):
+    md = render_markdown(results)
+    envs = md_table(md, "Environments")
+    assert envs[0] == ["name", "kind", "status", "options", "manifest"]
+    assert row_of(envs, "native")[0] == "native (baseline)"
+    assert row_of(envs, "container")[3] == "cpus=2, memory=4G, runtime=runc"
+    assert row_of(envs, "vm")[2].startswith("failed: guest did not boot")
+    meta = {r[0]: r[1] for r in md_table(md, "Metadata")[1:]}
+    assert meta["host CPU"] == "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"
+    assert meta["cores"] == "2"
+    assert meta["kernel"] == "6.1.0-27-cloud-amd64"
+    assert meta["CPU governor"] == "performance"
+    assert meta["kernels cflags"] == "-O3 -march=native"
+    assert meta["tool cc"] == "gcc (Debian 12.2.0-14) 12.2.0"
+    assert meta["started"] == "2026-11-22T21:00:04+00:00"
+    assert meta["ended"] == "2026-11-22T21:47:31+00:00"
+
+
+def test_missing_cell_of_a_working_environment_names_its_failure(results):
+    results["cells"] = [
+        c for c in results["cells"] if not (c["environment"] == "container" and c["workload"] == "pi-1m")
+    ]
+    results["failures"].append(
+        {
+            "environment": "container",
+            "workload": "pi-1m",
+            "trial": 3,
+            "phase": "run",
+            "error": "exit status 139",
+            "log": "Segmentation fault",
+        }
+    )
+    md = render_markdown(results)
+    table = md_table(md, "Results")
+    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "—²", "—¹"]
+    assert "² not measured: pi-1m failed in container: exit status 139" in md
+    assert "### container · pi-1m (phase run, trial 4)" in md
+
+
+def test_names_cannot_break_a_markdown_table(results):
+    for item in results["workloads"] + results["cells"]:
+        if item.get("workload", item.get("name")) == "himeno-m":
+            item["workload" if "workload" in item else "name"] = EVIL
+    md = render_markdown(results)
+    table = md_table(md, "Results")
+    evil_rows = [r for r in table if "alert" in r[0]]
+    assert len(evil_rows) == 1 and len(evil_rows[0]) == 4
+    assert evil_rows[0][1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "—¹"]
+    assert "<script>" not in md
+    assert "\\<script\\>alert(1)\\</script\\>\\|x" in md
+
+
+def test_unsupported_version_is_refused(results):
+    results["version"] = 2
+    with pytest.raises(ValueError, match="version 2"):
+        render_markdown(results)
+
+
+# --------------------------------------------------------------------------
+# html
+# --------------------------------------------------------------------------
+
+_LOADS = re.compile(
+    r"""(?:\b(?:src|href|action|data)\s*=\s*["']?\s*|url\(\s*["']?|@import\s+["']?)(?:https?:)?//""", re.I
+)
+
+
+def test_html_is_self_contained(sample_html):
+    html = sample_html
+    assert html.startswith("<!doctype html>")
+    assert not _LOADS.search(html)
+    assert "http://" not in html and "https://" not in html
+    assert "<link" not in html and "<script" not in html.lower()
+    assert html.count("<svg") == 8  # 7 metrics + 1 time series
+
+
+def test_html_shows_the_same_tables(sample_html):
+    html = sample_html
+    for text in ("2457.8 ± 7.8", "0.9579 ± 0.0069", "1204000 ± 2300", "+11.7", "-1.2"):
+        assert text in html
+    assert html.count('class="ok mark"') == 6
+    assert html.count('class="bad mark"') == 1
+    assert "not measured: environment vm failed" in html
+    assert 'class="num num dropped"' in html
+    assert "KVM internal error. Suberror: 1" in html
+    for anchor in ("results", "overhead", "verdict", "charts", "over-time", "trials", "failures"):
+        assert f'href="#{anchor}"' in html and f'id="{anchor}"' in html
+
+
+def test_html_ids_are_unique(sample_html):
+    ids = re.findall(r'\sid="([^"]+)"', sample_html)
+    assert len(ids) == len(set(ids))
+
+
+def test_html_escapes_everything_user_provided(results):
+    for item in results["workloads"] + results["cells"]:
+        if item.get("workload", item.get("name")) == "himeno-m":
+            item["workload" if "workload" in item else "name"] = EVIL
+    results["environments"][1]["options"]["note"] = '"><img src=x onerror=alert(3)>'
+    results["failures"][0]["log"] += "\n</pre><script>alert(2)</script>"
+    html = render_html(results)
+    assert "<script" not in html.lower()
+    assert "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;|x" in html
+    assert "&lt;/pre&gt;&lt;script&gt;alert(2)" in html
+
+
+def test_html_is_deterministic(results, sample_html):
+    assert render_html(copy.deepcopy(results)) == sample_html
+
+
+# --------------------------------------------------------------------------
+# files
+# --------------------------------------------------------------------------
+
+
+def test_write_reports(results, tmp_path):
+    paths = write_reports(results, tmp_path / "out")
+    assert paths == [tmp_path / "out" / "report.md", tmp_path / "out" / "report.html"]
+    assert paths[0].read_text(encoding="utf-8") == render_markdown(results)
+    assert "<svg" in paths[1].read_text(encoding="utf-8")
+
+
+def test_results_json_round_trips(results, tmp_path):
+    path = write_results_json(results, tmp_path / "results.json")
+    assert json.loads(path.read_text(encoding="utf-8")) == results
+
+
+def test_results_csv_has_one_row_per_trial(results, tmp_path):
+    path = write_results_csv(results, tmp_path / "results.csv")
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["environment", "workload", "metric", "unit", "better", "trial", "value", "kept"]
+    assert len(rows) == 14 * 12
+    pi6 = [r for r in rows if r["environment"] == "native" and r["metric"] == "elapsed_s"][5]
+    assert pi6 == {
+        "environment": "native",
+        "workload": "pi-1m",
+        "metric": "elapsed_s",
+        "unit": "s",
+        "better": "lower",
+        "trial": "6",
+        "value": "1.2733",
+        "kept": "false",
+    }
+    assert sum(r["kept"] == "false" for r in rows) == 14 * 2

@@ -1,0 +1,160 @@
+"""The runner end to end on real processes: trials stored as they finish, failures kept with
+their logs while the study goes on, Ctrl-C losing nothing, --resume finishing the study."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_environment import FaultyEnvironment
+from virtlab.environments import ENVIRONMENTS
+from virtlab.plan import parse_plan
+from virtlab.progress import SilentProgress
+from virtlab.runner import StudyRunner, open_study, preflight
+
+ENVIRONMENTS.add("faulty", FaultyEnvironment)
+
+PLAN = """
+[study]
+name = "runner-test"
+trials = 3
+warmups = 1
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[environment]]
+name = "other"
+kind = "faulty"
+{faults}
+
+[[workload]]
+name = "noop"
+kind = "noop"
+
+[[workload]]
+name = "primes-small"
+kind = "primes"
+n = 20000
+"""
+
+
+def run_study(tmp_path: Path, faults: str = "", resume: bool = False):
+    plan = parse_plan(PLAN.format(faults=faults), "runner.toml")
+    out = tmp_path / "out"
+    store = open_study(plan, out, resume)
+    try:
+        return StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run(), out
+    finally:
+        store.close()
+
+
+def stored_trials(out: Path) -> list[tuple[str, str, int]]:
+    with sqlite3.connect(out / "results.sqlite") as db:
+        return db.execute("SELECT environment, workload, trial FROM trials ORDER BY 1, 2, 3").fetchall()
+
+
+def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
+    outcome, out = run_study(tmp_path)
+    assert outcome.exit_code == 0
+    rows = stored_trials(out)
+    assert len(rows) == 2 * 2 * 3  # environments x workloads x trials; warm-ups not stored
+    for name in ("results.json", "results.csv", "report.md", "report.html"):
+        assert (out / name).stat().st_size > 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["version"] == 1
+    assert results["study"]["status"] == "finished"
+    real = [c for c in results["cells"] if c["workload"] == "primes-small" and c["metric"] == "real_s"]
+    assert [c["environment"] for c in real] == ["native", "other"]
+    assert all(len(c["trials"]) == 3 and c["reduction"] == "trimmed-mean" for c in real)
+    assert real[0]["overhead_pct"] is None and real[1]["verdict"] in ("○", "×")
+    assert results["metadata"]["host"]["cores"] == os.cpu_count()
+
+
+def test_a_failing_cell_is_stored_with_its_log_and_the_rest_goes_on(tmp_path):
+    # command 0 of "other" is the noop warm-up: that cell fails, primes-small still runs there
+    outcome, out = run_study(tmp_path, "fail_command = 0")
+    assert outcome.exit_code == 1
+    assert outcome.failed_cells == {("other", "noop")}
+    results = json.loads((out / "results.json").read_text())
+    [failure] = results["failures"]
+    assert failure["environment"] == "other" and failure["workload"] == "noop"
+    assert failure["error"] == "exit status 3"
+    assert "injected failure" in failure["log"]
+    assert ("other", "primes-small", 2) in stored_trials(out)
+    assert "injected failure" in (out / "report.md").read_text()
+
+
+def test_an_environment_that_does_not_provision_fails_its_cells_only(tmp_path):
+    outcome, out = run_study(tmp_path, "fail_provision = true")
+    assert outcome.exit_code == 1
+    assert outcome.failed_environments == {"other"}
+    assert {row[0] for row in stored_trials(out)} == {"native"}
+    results = json.loads((out / "results.json").read_text())
+    other = next(env for env in results["environments"] if env["name"] == "other")
+    assert other["status"] == "failed" and "did not boot" in other["error"]
+    assert "kernel panic (injected)" in results["failures"][0]["log"]
+
+
+def test_interrupt_keeps_finished_trials_and_resume_completes(tmp_path):
+    # "other" runs: warm-up noop (0), warm-up primes (1), trial-1 noop (2), trial-1 primes (3), ...
+    outcome, out = run_study(tmp_path, "interrupt_command = 4")
+    assert outcome.interrupted and outcome.exit_code == 130
+    before = stored_trials(out)
+    assert ("other", "noop", 0) in before and ("other", "primes-small", 0) in before
+    assert ("other", "noop", 1) not in before
+    assert json.loads((out / "results.json").read_text())["study"]["status"] == "interrupted"
+
+    # same plan text: the injected interrupt fires once per results directory only
+    outcome, out = run_study(tmp_path, "interrupt_command = 4", resume=True)
+    assert outcome.exit_code == 0
+    after = stored_trials(out)
+    assert set(before) <= set(after) and len(after) == 2 * 2 * 3
+
+
+def test_resume_refuses_a_different_plan(tmp_path):
+    from virtlab.errors import InputError
+
+    run_study(tmp_path)
+    with pytest.raises(InputError, match="differs from the plan"):
+        run_study(tmp_path, "fail_provision = false", resume=True)
+
+
+CLI = [sys.executable, "-m", "virtlab"]
+
+
+def test_ctrl_c_on_the_command_line_keeps_trials_and_resume_finishes(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        '[study]\nname = "sigint"\ntrials = 6\nwarmups = 0\n\n'
+        '[[environment]]\nname = "native"\nkind = "native"\n\n'
+        '[[workload]]\nname = "primes"\nkind = "primes"\nn = 1500000\n'
+    )
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    process = subprocess.Popen([*CLI, "run", str(plan), "--out", str(out), "--quiet"], env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if len(stored_trials(out)) >= 1:
+                break
+        except sqlite3.OperationalError:  # the database or its tables are not created yet
+            pass
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    kept = stored_trials(out)
+    assert 1 <= len(kept) < 6
+    done = subprocess.run([*CLI, "run", str(plan), "--out", str(out), "--resume", "--quiet"], env=env)
+    assert done.returncode == 0
+    assert [row[2] for row in stored_trials(out)] == list(range(6))
+    assert kept == stored_trials(out)[: len(kept)]
