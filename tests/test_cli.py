@@ -69,6 +69,7 @@ BAD_INPUT = [
     (["report", "{tmp}"], "no results.sqlite here"),
     (["compare", "{tmp}", "{tmp}"], "no results.json"),
     (["run", "--trials", "3"], "No such option"),
+    (["image", "build", "--bogus"], "No such option"),
 ]
 
 
@@ -107,3 +108,10 @@ def test_compare_gates_on_a_significant_regression(tmp_path):
     assert cell["workload"] in worse.stdout
     assert "regressed by more than 10%" in worse.stderr
     assert virtlab("compare", str(a), str(b), "--fail-over", "50").returncode == 0
+
+
+def test_image_build_prints_what_it_built(guest_image):
+    done = virtlab("image", "build")
+    assert done.returncode == 0
+    assert f"guest image {guest_image.key}" in done.stdout.replace("\n", " ")
+    assert "MiB" in done.stdout

@@ -20,6 +20,8 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+image_app = typer.Typer(help="The guest userland shared by containers and VMs.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
 
 
 @app.command()
@@ -121,6 +123,35 @@ def envs() -> None:
 
     for name, cls in ENVIRONMENTS:
         _print_plugin(name, cls.summary, cls.Options)
+
+
+@image_app.command("build")
+def image_build(
+    extra_package: Annotated[
+        list[str] | None, typer.Option("--extra-package", help="another Debian package for the guest")
+    ] = None,
+    kernel_flavour: Annotated[str, typer.Option(help="Debian linux-image flavour")] = "cloud-amd64",
+) -> None:
+    """Build (or find in the cache) the guest image: a Debian tree, a kernel, an initramfs."""
+    from virtlab.image import ImageError, ImageSpec, build_image
+
+    spec = ImageSpec(extra_packages=tuple(extra_package or ()), kernel_flavour=kernel_flavour)
+    with console.status("building the guest image") as status:
+        try:
+            image = build_image(spec, progress=lambda line: status.update(f"image: {line[:100]}"))
+        except ImageError as error:
+            console.print(f"[red]image build failed:[/red] {error}", markup=True, highlight=False)
+            raise typer.Exit(1) from None
+    console.print(image.summary(), markup=False, highlight=False)
+
+
+@image_app.command("prune")
+def image_prune() -> None:
+    """Delete cached images other than the newest of each spec."""
+    from virtlab.image import prune_images
+
+    removed = prune_images()
+    console.print(f"removed {len(removed)} image(s)", highlight=False)
 
 
 def _print_plugin(name: str, summary: str, model: type) -> None:
