@@ -2,7 +2,7 @@
 
 import pytest
 
-from virtlab.analysis import build_cells, build_results, upgrade_results
+from virtlab.analysis import build_cells, build_results, manifest_differences, upgrade_results
 from virtlab.samples import Sample
 from virtlab.store import FailureRecord, TrialRecord
 
@@ -80,3 +80,19 @@ def test_results_document_carries_failures_and_version():
 def test_upgrade_refuses_what_it_cannot_read(document):
     with pytest.raises(ValueError):
         upgrade_results(document)
+
+
+def test_manifest_differences_flag_missing_cpu_flags_and_another_kernel():
+    environments = [
+        {"name": "native", "manifest": {"cpu_model": "X", "cpu_flags": ["avx2", "sse4_2"], "kernel": "6.1"}},
+        {"name": "vm", "manifest": {"cpu_model": "X", "cpu_flags": ["sse4_2"], "kernel": "6.1"}},
+        {
+            "name": "ct",
+            "manifest": {"cpu_model": "X", "cpu_flags": ["avx2", "sse4_2", "avx512f"], "kernel": "5.10"},
+        },
+        {"name": "broken", "manifest": None},
+    ]
+    differences = manifest_differences(environments, "native")
+    assert [(d["environment"], d["key"]) for d in differences] == [("vm", "cpu_flags"), ("ct", "kernel")]
+    assert differences[0]["note"] == "lacks avx2 that native has"
+    assert differences[1]["baseline"] == "6.1" and differences[1]["value"] == "5.10"

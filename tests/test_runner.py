@@ -16,6 +16,7 @@ import pytest
 
 from fake_environment import FaultyEnvironment
 from virtlab.environments import ENVIRONMENTS
+from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.plan import parse_plan
 from virtlab.progress import SilentProgress
 from virtlab.runner import StudyRunner, open_study, preflight
@@ -60,7 +61,10 @@ def run_study(tmp_path: Path, faults: str = "", resume: bool = False):
 
 def stored_trials(out: Path) -> list[tuple[str, str, int]]:
     with sqlite3.connect(out / "results.sqlite") as db:
-        return db.execute("SELECT environment, workload, trial FROM trials ORDER BY 1, 2, 3").fetchall()
+        return db.execute(
+            "SELECT environment, workload, trial FROM trials WHERE workload != ? ORDER BY 1, 2, 3",
+            (SETUP_WORKLOAD,),
+        ).fetchall()
 
 
 def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
@@ -78,6 +82,13 @@ def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
     assert all(len(c["trials"]) == 3 and c["reduction"] == "trimmed-mean" for c in real)
     assert real[0]["overhead_pct"] is None and real[1]["verdict"] in ("○", "×")
     assert results["metadata"]["host"]["cores"] == os.cpu_count()
+    # each environment's own set-up time, once per provisioning
+    setup = [c for c in results["cells"] if c["workload"] == SETUP_WORKLOAD]
+    assert [(c["environment"], c["metric"], len(c["trials"])) for c in setup] == [
+        ("native", "provision_s", 1),
+        ("other", "provision_s", 1),
+    ]
+    assert all(c["value"] >= 0 for c in setup)
 
 
 def test_a_failing_cell_is_stored_with_its_log_and_the_rest_goes_on(tmp_path):

@@ -59,7 +59,9 @@ def build_cells(
 
     for (environment, workload, metric), cell in summaries.items():
         base = summaries.get((baseline, workload, metric))
-        if environment == baseline or base is None:
+        # An environment's own set-up (kind "environment") is described, not judged: the host
+        # needs no set-up at all, so every overhead against it would be meaningless.
+        if environment == baseline or base is None or cell["kind"] == "environment":
             continue
         overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
         cell["overhead_pct"] = overhead
@@ -75,6 +77,39 @@ def build_cells(
             rank_env.get(c["environment"], 1 << 30),
         ),
     )
+
+
+# Manifest keys compared between each environment and the baseline: a difference here changes
+# what a workload measures (a guest CPU without AVX2, another kernel or clock source) and is
+# worth a reader's attention even when it is the point of the study.
+COMPARED_MANIFEST_KEYS = ("cpu_model", "cpu_flags", "kernel", "clocksource")
+
+
+def manifest_differences(environments: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    """Differences between each environment's manifest and the baseline's, key by key."""
+    manifests = {env["name"]: env.get("manifest") or {} for env in environments}
+    base = manifests.get(baseline) or {}
+    differences = []
+    for name, manifest in manifests.items():
+        if name == baseline or not manifest:
+            continue
+        for key in COMPARED_MANIFEST_KEYS:
+            ours, theirs = manifest.get(key), base.get(key)
+            if ours is None or theirs is None:
+                continue
+            if key == "cpu_flags":
+                missing = sorted(set(theirs) - set(ours))
+                if missing:
+                    differences.append(
+                        {"environment": name, "key": key, "baseline": theirs, "value": ours,
+                         "note": f"lacks {', '.join(missing)} that {baseline} has"}
+                    )  # fmt: skip
+            elif ours != theirs:
+                differences.append(
+                    {"environment": name, "key": key, "baseline": theirs, "value": ours,
+                     "note": f"{key} differs from {baseline}"}
+                )  # fmt: skip
+    return differences
 
 
 def build_results(
@@ -96,6 +131,7 @@ def build_results(
         "environments": list(environments),
         "workloads": list(workloads),
         "cells": cells,
+        "manifest_differences": manifest_differences(environments, study["baseline"]),
         "failures": [
             {
                 "environment": f.environment,

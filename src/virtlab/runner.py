@@ -17,6 +17,7 @@ from typing import Any
 from virtlab import __version__, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
 from virtlab.outputs import write_outputs
 from virtlab.plan import Plan, WorkloadSpec
@@ -88,7 +89,9 @@ def preflight(plan: Plan) -> KernelBuild:
             for problem in env.cls.preflight(env.options, workload.workload.tools):
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
     if problems:
-        raise InputError(plan.source, problems[0], "install the missing tool (see `virtlab doctor`)")
+        raise InputError(
+            plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
+        )
     try:
         return build_kernels()
     except BuildError as error:
@@ -150,7 +153,8 @@ class StudyRunner:
                 "kernels": self.kernels.metadata(),
             },
         )
-        self.store.put("workloads", [spec.describe() for spec in self.plan.workloads])
+        setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
+        self.store.put("workloads", [spec.describe() for spec in self.plan.workloads] + [setup])
         self.store.put("environment_order", [env.name for env in self.plan.environments])
         self.store.put("status", "running")
         self._put_study_summary("running")
@@ -185,7 +189,10 @@ class StudyRunner:
             try:
                 environment.provision(self.kernels)
                 manifest = environment.manifest()
-            except (EnvironmentError_, OSError, RuntimeError) as error:
+            except BaseException as error:
+                if not isinstance(error, (EnvironmentError_, OSError, RuntimeError)):
+                    environment.teardown()  # Ctrl-C mid-provisioning leaves nothing running
+                    raise
                 log = getattr(error, "log", "") or repr(error)
                 self.store.put_environment(
                     spec.name, spec.kind, spec.describe()["options"], "failed", None, str(error)
@@ -198,6 +205,15 @@ class StudyRunner:
                 continue
             self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
             self.environments[spec.name] = environment
+            self._store_setup_samples(spec.name, environment)
+
+    def _store_setup_samples(self, name: str, environment: Environment) -> None:
+        samples = environment.environment_samples()
+        if not samples:
+            return
+        # One "trial" per provisioning: a resumed study adds its own set-up as the next one.
+        index = self.store.trial_counts().get((name, SETUP_WORKLOAD), 0)
+        self.store.add_trial(TrialRecord(name, SETUP_WORKLOAD, index, time.time(), 0.0, tuple(samples)))
 
     def _teardown_all(self) -> None:
         for environment in self.environments.values():
@@ -243,6 +259,8 @@ class StudyRunner:
                 )
         spreads: dict[Cell, float | None] = {}
         for (env, workload, _metric), series in values.items():
+            if (env, workload) not in self.cells:
+                continue  # the environments' own set-up figures are measured once, not repeated
             cov = stats.summarize(series).cov
             current = spreads.get((env, workload))
             spreads[(env, workload)] = cov if current is None or (cov or 0) > current else current

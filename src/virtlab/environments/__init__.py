@@ -13,6 +13,7 @@ from virtlab.environments._base import (
     register_environment,
 )
 
+ENVIRONMENTS.add_lazy("container", "virtlab.environments.container:ContainerEnvironment")
 
 __all__ = [
     "ENVIRONMENTS",

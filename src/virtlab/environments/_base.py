@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict
 
 from virtlab.build import KernelBuild
 from virtlab.registry import Registry
+from virtlab.samples import Sample
+
+SETUP_WORKLOAD = "environment-setup"
+"""The pseudo-workload under which the runner stores each environment's own figures."""
 
 
 class EnvironmentOptions(BaseModel):
@@ -110,6 +114,13 @@ class Environment(ABC):
 
     @abstractmethod
     def copy_out(self, source: str, destination: Path) -> None: ...
+
+    def environment_samples(self) -> list[Sample]:
+        """Figures of the environment itself, measured once per provisioning (set-up time;
+        a VM adds its boot time). The runner stores them as the cells of ``SETUP_WORKLOAD``."""
+        if self.provision_s is None:
+            return []
+        return [Sample("provision_s", self.provision_s, "s", "lower")]
 
     def manifest(self) -> dict[str, Any]:
         """What this environment looks like from inside (CPU, memory, kernel, limits, ...)."""

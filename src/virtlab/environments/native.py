@@ -58,5 +58,8 @@ class NativeEnvironment(Environment):
         return {
             **super().manifest(),
             "accelerator": "none (bare metal or the host OS as it is)",
-            **{key: host.get(key) for key in ("cpu_model", "cores", "memory_bytes", "kernel", "clocksource")},
+            **{
+                key: host.get(key)
+                for key in ("cpu_model", "cpu_flags", "cores", "memory_bytes", "kernel", "clocksource")
+            },
         }

@@ -114,5 +114,6 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         for failure in report.failures:
             parts += _failure(failure)
     parts += _section(report.environments)
+    parts += _section(report.differences)
     parts += _section(report.metadata)
     return "\n\n".join(parts) + "\n"

@@ -132,6 +132,7 @@ class Report:
     trials: Table
     failures: tuple[Failure, ...]
     environments: Table
+    differences: Table
     metadata: Table
     legend: str
     trials_legend: str
@@ -441,6 +442,14 @@ class _Context:
     def value(self, env: str, row: Row) -> float | None:
         return cell_value(self.cell(env, row), self.reduction)
 
+    def judged_rows(self) -> list[Row]:
+        """Rows that get an overhead and a verdict: not an environment's own set-up figures."""
+        return [
+            row
+            for row in self.rows
+            if not any((self.cell(env, row) or {}).get("kind") == "environment" for env in self.envs)
+        ]
+
     def overhead(self, env: str, row: Row) -> tuple[float | None, str | None]:
         """(overhead, None) or (None, reason it cannot be given)."""
         cell = self.cell(env, row)
@@ -499,7 +508,7 @@ def _only_baseline_caption(ctx: _Context) -> str:
 def overhead_table(ctx: _Context) -> Table:
     notes = _Notes()
     rows = []
-    for row in ctx.rows if ctx.others else ():
+    for row in ctx.judged_rows() if ctx.others else ():
         cells = [Cell(row.label, "label")]
         for env in ctx.others:
             overhead, reason = ctx.overhead(env, row)
@@ -525,7 +534,7 @@ def verdict_table(ctx: _Context) -> Table:
     notes = _Notes()
     rows = []
     threshold = ctx.threshold
-    for row in ctx.rows if ctx.others else ():
+    for row in ctx.judged_rows() if ctx.others else ():
         cells = [Cell(row.label, "label")]
         for env in ctx.others:
             overhead, reason = ctx.overhead(env, row)
@@ -622,6 +631,29 @@ def environments_table(ctx: _Context) -> Table:
         title="Environments",
         header=("name", "kind", "status", "options", "manifest"),
         rows=tuple(rows),
+    )
+
+
+def differences_table(ctx: _Context) -> Table:
+    """Where an environment's manifest differs from the baseline's (CPU flags, kernel, clock)."""
+    rows = [
+        (
+            Cell(str(d.get("environment") or ""), "label"),
+            Cell(str(d.get("key") or "")),
+            Cell(_short(d.get("baseline"), 60)),
+            Cell(_short(d.get("value"), 60)),
+            Cell(str(d.get("note") or ""), "bad"),
+        )
+        for d in ctx.results.get("manifest_differences") or []
+    ]
+    return Table(
+        key="differences",
+        title="Environment differences",
+        header=("environment", "what", ctx.baseline, "this environment", "note"),
+        rows=tuple(rows),
+        caption="Differences from the baseline's manifest that change what a workload measures."
+        if rows
+        else "No difference from the baseline in CPU model, CPU flags, kernel or clock source.",
     )
 
 
@@ -734,6 +766,7 @@ def build_report(results: Mapping[str, Any]) -> Report:
         trials=trials_table(ctx),
         failures=failures(ctx),
         environments=environments_table(ctx),
+        differences=differences_table(ctx),
         metadata=metadata_table(ctx),
         legend=f"{ARROW['higher']} {BETTER_WORDS['higher']}, {ARROW['lower']} {BETTER_WORDS['lower']}.",
         trials_legend="struck through = dropped by the reduction "

@@ -1,0 +1,789 @@
+"""A real OCI container run by ``runc``: the shared guest tree as its root, its own namespaces,
+cgroup limits for CPUs and memory, and a veth on virtlab's own bridge.
+
+What the container sees::
+
+    /                  the guest image's tree (``virtlab.image``), read-only, shared by every
+                       container and never written (no copy, no overlay)
+    /opt/virtlab/bin   the host's compiled kernels (``KernelBuild.bin_dir``), read-only: native and
+                       container run the very same binaries
+    /mnt               a host directory (``<workdir>/scratch``), writable, on the host's disk; the
+                       working directory of every command and the only place ``copy_in`` /
+                       ``copy_out`` reach (the root is read-only)
+    /tmp /var/tmp /run tmpfs (charged to the container's memory limit)
+
+On the host::
+
+    /run/virtlab/runc/               runc's ``--root``: the state of virtlab's containers only
+    /run/virtlab/containers/<id>/    the bundle: config.json, owner.json (owner PID), runc.log
+    cgroups  virtlab/<name>-<rand>   relative to virtlab's own cgroup, one per v1 hierarchy
+
+Every command is a ``runc exec`` in its own session: a timeout or Ctrl-C kills its process group
+inside the container. Teardown is ``runc delete --force`` (which kills what is left), the veth, the
+cgroups and the bundle. A crashed run's containers are removed by the next ``provision`` of any
+virtlab process (``cleanup_leftovers``), recognised by their owner's PID and start time.
+
+No seccomp profile is applied (as runc's own ``runc spec``); capabilities are Docker's defaults.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+
+from virtlab import network as vnet
+from virtlab.build import KernelBuild, cache_root
+from virtlab.environments._base import (
+    CommandResult,
+    Environment,
+    EnvironmentError_,
+    EnvironmentOptions,
+    register_environment,
+)
+from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
+from virtlab.metadata import cpu_flags_summary
+
+RUN_DIR = Path("/run/virtlab")
+RUNC_ROOT = RUN_DIR / "runc"
+BUNDLES = RUN_DIR / "containers"
+GUEST_SCRATCH = "/mnt"
+ID_PREFIX = "virtlab-"
+CGROUP_PARENT = "virtlab"
+# The container's init: work arrives by runc exec. A shell waiting for any child also reaps the
+# orphans a killed command leaves to PID 1 (``sleep infinity`` alone would keep them as zombies).
+INIT_SCRIPT = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait; done"
+_RUNC_TIMEOUT_S = 60.0
+# Docker's default capability set: what "a container" means to most users of one.
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+]  # fmt: skip
+# runc spec's defaults: kernel interfaces a container has no business reading.
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+]  # fmt: skip
+# Programs a workload may ask for -> the Debian package that brings them, for an image not yet built.
+TOOL_PACKAGES = {"sshd": "openssh-server", "ssh": "openssh-client", "qemu-ga": "qemu-guest-agent",
+                 "ip": "iproute2", "ps": "procps", "modprobe": "kmod", "blastn": "ncbi-blast+",
+                 "pgbench": "postgresql-contrib", "psql": "postgresql-client"}  # fmt: skip
+
+
+class ContainerOptions(EnvironmentOptions):
+    cpus: PositiveInt | PositiveFloat | list[NonNegativeInt] | None = Field(
+        default=None,
+        description="a count (may be fractional): a CFS quota of that many CPUs' time; a list of host "
+        "CPU ids: a cpuset pinned to them; unset: no CPU limit",
+    )
+    memory_mb: int | None = Field(
+        default=None, ge=16, description="memory limit in MiB, no swap beyond it; unset: no limit"
+    )
+    cpu_period_us: int = Field(
+        default=100_000, ge=1000, le=1_000_000, description="CFS period the quota of `cpus` is a share of"
+    )
+    pids_limit: int | None = Field(default=None, ge=8, description="most processes at once; unset: no limit")
+    network: Literal["bridge", "none", "host"] = Field(
+        default="bridge",
+        description="bridge: own namespace with a veth on virtlab's bridge (198.18.0.0/15); none: own "
+        "namespace, loopback only; host: the host's network namespace",
+    )
+    mtu: int = Field(default=vnet.DEFAULT_MTU, ge=576, le=65535, description="MTU of the veth (bridge)")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("an empty CPU list; give host CPU ids, e.g. [0, 1], or a count")
+            if len(set(value)) != len(value):
+                raise ValueError(f"CPU ids repeat in {value}")
+        return value
+
+    def cpu_quota_us(self) -> int | None:
+        if self.cpus is None or isinstance(self.cpus, list):
+            return None
+        return max(1000, round(self.cpus * self.cpu_period_us))
+
+
+@register_environment
+class ContainerEnvironment(Environment):
+    kind = "container"
+    summary = "an OCI container run by runc: own namespaces, cgroup CPU/memory limits, virtlab bridge"
+    Options = ContainerOptions
+
+    options: ContainerOptions
+
+    # Set by _create, cleared by _delete.
+    container_id: str = ""
+    bundle: Path | None = None
+    scratch: Path | None = None
+    init_pid: int | None = None
+    cgroup_paths: dict[str, str] | None = None
+    image: GuestImage | None = None
+    attachment: vnet.Attachment | None = None
+    _network: vnet.VirtualNetwork | None = None
+    _execs: Iterator[int] = itertools.count(1)
+
+    # -- checks before anything runs -------------------------------------------------------
+    @classmethod
+    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        assert isinstance(options, ContainerOptions)
+        problems = []
+        if shutil.which("runc") is None:
+            problems.append("runc is not installed on this host: apt-get install runc")
+        if options.network == "bridge":
+            for tool, package in vnet.missing_tools().items():
+                problems.append(f"{tool} is not installed on this host: apt-get install {package}")
+        if os.geteuid() != 0:
+            problems.append("containers need root (runc with cgroup limits and network namespaces)")
+        problems += _cpu_problems(options.cpus)
+        host_memory = _host_memory_bytes()
+        if options.memory_mb is not None and host_memory and options.memory_mb * 2**20 > host_memory:
+            problems.append(f"memory_mb = {options.memory_mb} exceeds the host's {host_memory // 2**20} MiB")
+        problems += _tool_problems(tools)
+        return problems
+
+    # -- life cycle ------------------------------------------------------------------------
+    @property
+    def bin_dir(self) -> str:
+        return GUEST_BIN
+
+    def _create(self, kernels: KernelBuild) -> None:
+        cleanup_leftovers()
+        self.image = build_image(ImageSpec())
+        safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:40] or "c"
+        suffix = secrets.token_hex(3)
+        self.container_id = f"{ID_PREFIX}{safe_name}-{suffix}"
+        self.bundle = BUNDLES / self.container_id
+        # Absolute: runc reads a relative mount source as relative to the bundle.
+        self.scratch = (self.workdir / f"scratch-{suffix}").resolve()
+        self._execs = itertools.count(1)  # names the exec pid files; next() is thread-safe
+        _LIVE[id(self)] = self
+        try:
+            self.bundle.mkdir(parents=True)
+            self.scratch.mkdir(parents=True)
+            self._write_owner()  # before runc runs: a crash from here on leaves a record
+            config = oci_config(
+                self.options, self.image.rootfs.resolve(), Path(kernels.bin_dir).resolve(), self.scratch,
+                f"{CGROUP_PARENT}/{safe_name}-{suffix}", hostname=safe_name[:63],
+            )  # fmt: skip
+            (self.bundle / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+            self._start()
+            if self.options.network == "bridge":
+                self._network = vnet.VirtualNetwork.shared(self.options.mtu)
+                assert self.init_pid is not None
+                self.attachment = self._network.attach_namespace(self.init_pid, "eth0", mtu=self.options.mtu)
+        except BaseException as error:
+            log = self._runc_log()
+            self._delete()
+            if isinstance(error, vnet.NetworkError | OSError):
+                raise EnvironmentError_(f"container {self.name}: {error}", log) from error
+            raise
+
+    def _start(self) -> None:
+        assert self.bundle is not None
+        pid_file = self.bundle / "init.pid"
+        argv = [*_runc(), "run", "--detach", "--bundle", str(self.bundle), "--pid-file", str(pid_file),
+                self.container_id]  # fmt: skip
+        # Detached, the init keeps runc's stdio: a log file, never our pipes (they would never close).
+        with open(self.bundle / "runc.log", "ab") as log:
+            try:
+                done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                      timeout=_RUNC_TIMEOUT_S, check=False)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                message = f"runc run did not return in {_RUNC_TIMEOUT_S:g} s"
+                raise EnvironmentError_(message, self._runc_log()) from None
+        if done.returncode != 0:
+            raise EnvironmentError_(
+                f"runc could not start container {self.container_id} (exit {done.returncode})",
+                self._runc_log(),
+            )
+        self.init_pid = int(pid_file.read_text())
+        self.cgroup_paths = _runc_state(self.container_id).get("cgroup_paths") or {}
+        self._write_owner()
+
+    def _delete(self) -> None:
+        _LIVE.pop(id(self), None)
+        try:
+            if self._network is not None:
+                if self.attachment is not None:
+                    self._network.detach(self.attachment)
+                self._network.release()
+        finally:
+            self._network, self.attachment = None, None
+            if self.container_id:
+                _remove_container(self.container_id, self.cgroup_paths or {}, self.bundle, self.scratch)
+            self.init_pid = None
+
+    # -- commands --------------------------------------------------------------------------
+    def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
+        assert self.bundle is not None
+        pid_file = self.bundle / f"exec-{next(self._execs)}.pid"
+        started = time.monotonic()
+        # A process group of its own: Ctrl-C at the terminal reaches virtlab, which ends the command.
+        # (Not a session of its own: runc exec takes some 20 ms longer when started with setsid.)
+        process = subprocess.Popen(
+            [*_runc(), "exec", "--pid-file", str(pid_file), self.container_id, *argv],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, errors="replace", process_group=0,
+        )  # fmt: skip
+        timed_out = False
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            stdout, stderr = _kill_exec(process, pid_file)
+        except BaseException:
+            _kill_exec(process, pid_file)
+            raise
+        finally:
+            pid_file.unlink(missing_ok=True)
+        result = CommandResult(
+            tuple(argv), process.returncode, stdout, stderr, time.monotonic() - started, timed_out
+        )
+        if not result.ok and not timed_out and not self._running():
+            raise EnvironmentError_(f"container {self.container_id} is not running any more", result.log())
+        return result
+
+    def _running(self) -> bool:
+        done = _runc_call("state", self.container_id)
+        return done.returncode == 0 and json.loads(done.stdout).get("status") == "running"
+
+    # -- files -----------------------------------------------------------------------------
+    def copy_in(self, source: Path, destination: str) -> None:
+        target = self._host_path(destination)
+        if Path(source).is_dir():
+            shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+
+    def copy_out(self, source: str, destination: Path) -> None:
+        origin = self._host_path(source)
+        if origin.is_dir():
+            shutil.copytree(origin, destination, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(origin, destination)
+
+    def _host_path(self, path: str) -> Path:
+        """Where ``path`` (inside, absolute or relative to /mnt) is on the host; only /mnt is reachable."""
+        if self.scratch is None:
+            raise RuntimeError(f"environment {self.name!r} copies files before provision()")
+        inside = os.path.normpath(os.path.join(GUEST_SCRATCH, path))
+        if inside != GUEST_SCRATCH and not inside.startswith(GUEST_SCRATCH + "/"):
+            raise ValueError(
+                f"{path}: the container's root is read-only; copy to and from {GUEST_SCRATCH}/ (its scratch)"
+            )
+        host = self.scratch / os.path.relpath(inside, GUEST_SCRATCH)
+        # A symlink made inside must not lead the host outside the scratch directory.
+        root = os.path.realpath(self.scratch)
+        if os.path.commonpath([root, os.path.realpath(host)]) != root:
+            raise ValueError(f"{path} leads outside {GUEST_SCRATCH} (a symbolic link)")
+        return host
+
+    # -- description -----------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        result = self.run(["/bin/sh", "-c", _PROBE], timeout_s=30)
+        if not result.ok:
+            raise EnvironmentError_(
+                f"container {self.container_id}: reading its manifest failed", result.log()
+            )
+        return describe_inside(parse_probe(result.stdout), self._facts())
+
+    def _facts(self) -> dict[str, Any]:
+        """What the host side knows: options, runtime, image, network, storage."""
+        options = self.options
+        if options.network == "bridge" and self.attachment is not None and self._network is not None:
+            net = f"bridge {self._network.netns}, eth0 {self.attachment.address}, mtu {self.attachment.mtu}"
+        else:
+            net = {"none": "own namespace, loopback only", "host": "the host's namespace"}.get(
+                options.network, ""
+            )
+        address = self.attachment.address if self.attachment else None
+        return {
+            "kind": self.kind,
+            "provision_s": self.provision_s,
+            "network": net,
+            "network_mode": options.network,
+            "address": str(address.ip) if address else None,
+            "storage": f"root: guest image tree, read-only bind (no overlay); {GUEST_SCRATCH}: host "
+            "directory bind mount, host page cache",
+            "runtime": _runc_version(),
+            "image_key": self.image.key if self.image else None,
+            "container_id": self.container_id,
+        }
+
+    def _write_owner(self) -> None:
+        assert self.bundle is not None
+        record = {
+            "id": self.container_id,
+            "owner_pid": os.getpid(),
+            "owner_start": vnet.process_start_time(os.getpid()),
+            "scratch": str(self.scratch) if self.scratch else None,
+            "cgroup_paths": self.cgroup_paths or {},
+        }
+        tmp = self.bundle / ".owner.json.tmp"
+        tmp.write_text(json.dumps(record) + "\n")
+        tmp.replace(self.bundle / "owner.json")
+
+    def _runc_log(self) -> str:
+        try:
+            return (self.bundle / "runc.log").read_text(errors="replace")[-20_000:] if self.bundle else ""
+        except OSError:
+            return ""
+
+
+# Containers of this process not torn down yet, held strongly: a Ctrl-C that unwinds past whoever
+# provisioned one (e.g. while its manifest is read) drops the last other reference to it, and it
+# must still be removed when the interpreter exits. Keyed by id: environments are dataclasses,
+# compared by value and so not hashable.
+_LIVE: dict[int, ContainerEnvironment] = {}
+
+
+@atexit.register
+def _teardown_live() -> None:
+    for environment in list(_LIVE.values()):
+        try:
+            environment._delete()
+        except Exception:  # noqa: BLE001 - the others must go too; cleanup_leftovers catches the rest
+            pass
+
+
+# --------------------------------------------------------------------------- the OCI bundle
+
+
+def oci_config(
+    options: ContainerOptions,
+    rootfs: Path,
+    bin_dir: Path,
+    scratch: Path,
+    cgroups_path: str,
+    hostname: str = "virtlab",
+) -> dict[str, Any]:
+    """config.json in the shape of ``runc spec``, with virtlab's mounts, limits and namespaces."""
+    namespaces = ["pid", "ipc", "uts", "mount"] + ([] if options.network == "host" else ["network"])
+    capabilities = {kind: CAPABILITIES for kind in ("bounding", "effective", "permitted")}
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": ["/bin/sh", "-c", INIT_SCRIPT],
+            "env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "HOME=/root",
+                "LANG=C.UTF-8",
+            ],
+            "cwd": GUEST_SCRATCH,
+            "capabilities": capabilities,
+            "rlimits": [_nofile_like_native()],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": str(rootfs), "readonly": True},
+        "hostname": hostname,
+        "mounts": [
+            _mount("/proc", "proc", "proc"),
+            _mount("/dev", "tmpfs", "tmpfs", "nosuid", "strictatime", "mode=755", "size=65536k"),
+            _mount(
+                "/dev/pts",
+                "devpts",
+                "devpts",
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ),
+            _mount("/dev/shm", "tmpfs", "shm", "nosuid", "noexec", "nodev", "mode=1777", "size=65536k"),
+            _mount("/dev/mqueue", "mqueue", "mqueue", "nosuid", "noexec", "nodev"),
+            _mount("/sys", "sysfs", "sysfs", "nosuid", "noexec", "nodev", "ro"),
+            _mount("/sys/fs/cgroup", "cgroup", "cgroup", "nosuid", "noexec", "nodev", "relatime", "ro"),
+            _mount("/tmp", "tmpfs", "tmpfs", "nosuid", "nodev", "mode=1777"),
+            _mount("/var/tmp", "tmpfs", "tmpfs", "nosuid", "nodev", "mode=1777"),
+            _mount("/run", "tmpfs", "tmpfs", "nosuid", "nodev", "mode=755"),
+            _mount(GUEST_BIN, "bind", str(bin_dir), "rbind", "ro", "nosuid"),
+            _mount(GUEST_SCRATCH, "bind", str(scratch), "rbind", "rw"),
+        ],
+        "linux": {
+            "cgroupsPath": cgroups_path,
+            "resources": _resources(options),
+            "namespaces": [{"type": kind} for kind in namespaces],
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
+        },
+    }
+
+
+def _nofile_like_native() -> dict[str, Any]:
+    # The limits native commands get (virtlab's own): raising them may not be permitted anyway.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {"type": "RLIMIT_NOFILE", "hard": hard, "soft": soft}
+
+
+def _mount(destination: str, kind: str, source: str, *options: str) -> dict[str, Any]:
+    return {"destination": destination, "type": kind, "source": source, "options": list(options)}
+
+
+def _resources(options: ContainerOptions) -> dict[str, Any]:
+    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    cpu: dict[str, Any] = {}
+    if (quota := options.cpu_quota_us()) is not None:
+        cpu.update(quota=quota, period=options.cpu_period_us)
+    if isinstance(options.cpus, list):
+        cpu["cpus"] = ",".join(str(c) for c in sorted(options.cpus))
+    if cpu:
+        resources["cpu"] = cpu
+    if options.memory_mb is not None:
+        limit = options.memory_mb * 2**20
+        resources["memory"] = {"limit": limit}
+        if _swap_accounting():
+            resources["memory"]["swap"] = limit  # memory+swap: no swap beyond the limit
+    if options.pids_limit is not None:
+        resources["pids"] = {"limit": options.pids_limit}
+    return resources
+
+
+@cache
+def _swap_accounting() -> bool:
+    return (
+        Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+        or Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    )
+
+
+# --------------------------------------------------------------------------- runc
+
+
+def _runc() -> list[str]:
+    return ["runc", "--root", str(RUNC_ROOT)]
+
+
+def _runc_call(*args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [*_runc(), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=_RUNC_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"runc {args[0]} timed out")
+
+
+def _runc_state(container_id: str) -> dict[str, Any]:
+    """runc's own record of a container (status, init pid, cgroup paths); empty when it has none."""
+    try:
+        return json.loads((RUNC_ROOT / container_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@cache
+def _runc_version() -> str | None:
+    try:
+        done = subprocess.run(["runc", "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines()[0].strip() if done.stdout else None
+
+
+def _kill_exec(process: subprocess.Popen[str], pid_file: Path) -> tuple[str, str]:
+    """End a ``runc exec``: its process group inside the container, then runc itself."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            pid = int(pid_file.read_text())
+        except (OSError, ValueError):
+            pid = None  # runc has not started the process yet
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # runc exec makes the process a session leader
+            except (ProcessLookupError, PermissionError):
+                pass
+            break
+        if process.poll() is not None:
+            break
+        time.sleep(0.01)
+    try:
+        return process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return process.communicate()
+
+
+def _remove_container(
+    container_id: str, cgroup_paths: dict[str, str], bundle: Path | None, scratch: Path | None
+) -> None:
+    """runc's state and every process (delete --force), then the cgroups, bundle and scratch."""
+    if (RUNC_ROOT / container_id).exists():
+        cgroup_paths = cgroup_paths or _runc_state(container_id).get("cgroup_paths") or {}
+        done = _runc_call("delete", "--force", container_id)
+        if done.returncode != 0 and (RUNC_ROOT / container_id).exists():
+            _runc_call("kill", container_id, "KILL")
+            time.sleep(0.1)
+            _runc_call("delete", "--force", container_id)
+    for path in cgroup_paths.values():
+        leaf = Path(path)
+        for directory in (leaf, leaf.parent) if leaf.parent.name == CGROUP_PARENT else (leaf,):
+            try:
+                directory.rmdir()  # only when empty: another container's parent stays
+            except OSError:
+                pass
+    if bundle is not None:
+        shutil.rmtree(bundle, ignore_errors=True)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def cleanup_leftovers() -> list[str]:
+    """Remove virtlab containers (and their networks) whose owner process is gone; returns their ids."""
+    removed = []
+    if shutil.which("ip"):
+        vnet.cleanup_leftovers()
+    owners: dict[str, dict[str, Any]] = {}
+    for owner_file in BUNDLES.glob(f"{ID_PREFIX}*/owner.json"):
+        try:
+            owners[owner_file.parent.name] = json.loads(owner_file.read_text())
+        except (OSError, ValueError):
+            owners[owner_file.parent.name] = {}  # half-written by a crash: its owner is gone
+    known = {path.name for path in RUNC_ROOT.glob(f"{ID_PREFIX}*")} | set(owners)
+    for container_id in sorted(known):
+        record = owners.get(container_id)
+        if record is None and not (BUNDLES / container_id).exists():
+            record = {}  # runc state without a bundle: nobody can run commands in it
+        if record is None or vnet.owner_alive(record.get("owner_pid"), record.get("owner_start")):
+            continue
+        scratch = Path(record["scratch"]) if record.get("scratch") else None
+        _remove_container(container_id, record.get("cgroup_paths") or {}, BUNDLES / container_id, scratch)
+        removed.append(container_id)
+    return removed
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def _cpu_problems(cpus: int | float | list[int] | None) -> list[str]:
+    available = sorted(os.sched_getaffinity(0))
+    if isinstance(cpus, list):
+        unknown = [c for c in cpus if c not in available]
+        if unknown:
+            return [
+                f"cpus = {cpus}: the host has no CPU {', '.join(map(str, unknown))} available "
+                f"(it has {_cpu_ranges(available)}); give ids from that set or a count"
+            ]
+    elif cpus is not None and cpus > len(available):
+        return [f"cpus = {cpus} is more than the host's {len(available)} CPUs"]
+    return []
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    ranges: list[list[int]] = []
+    for cpu in cpus:
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def built_image(spec: ImageSpec | None = None) -> GuestImage | None:
+    """The newest image of ``spec`` already in the cache, without resolving or building anything."""
+    wanted = (spec or ImageSpec()).as_dict()
+    found = []
+    for meta in (cache_root() / "images").glob("*/image.json"):
+        try:
+            if json.loads(meta.read_text()).get("spec") == wanted:
+                found.append((meta.stat().st_mtime, meta.parent))
+        except (OSError, ValueError):
+            continue
+    return load_image(max(found)[1]) if found else None
+
+
+def _tool_problems(tools: tuple[str, ...]) -> list[str]:
+    if not tools:
+        return []
+    image = built_image()
+    if image is not None:
+        missing = [t for t in tools if not any((image.rootfs / d / t).exists() for d in _BIN_DIRS)]
+        where = f"the guest image {image.key} ({image.rootfs})"
+    else:
+        # Before the first build only what is known to come from a package can be checked.
+        packages = set(ImageSpec().all_packages())
+        missing = [t for t in tools if TOOL_PACKAGES.get(t, t) not in packages and t in TOOL_PACKAGES]
+        where = "the guest image's package list"
+    return [f"{tool} is not in {where}: add its Debian package to the image's packages" for tool in missing]
+
+
+_BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin")
+
+
+# --------------------------------------------------------------------------- the manifest
+
+# One shell run inside collects everything; sections start with "@@ <name>".
+_PROBE = r"""
+section() { echo "@@ $1"; }
+section cpuinfo; cat /proc/cpuinfo
+section nproc; nproc
+section meminfo; cat /proc/meminfo
+section kernel; uname -r
+section clocksource; cat /sys/devices/system/clocksource/clocksource0/current_clocksource
+section stat; head -n 1 /proc/stat
+section clk_tck; getconf CLK_TCK
+section cgroup
+for f in cpu/cpu.cfs_quota_us cpu/cpu.cfs_period_us cpuset/cpuset.cpus cpuset/cpuset.mems \
+         memory/memory.limit_in_bytes memory/memory.memsw.limit_in_bytes pids/pids.max \
+         cpu.max cpuset.cpus.effective cpuset.mems.effective memory.max memory.swap.max pids.max; do
+  [ -r "/sys/fs/cgroup/$f" ] && echo "$f=$(cat "/sys/fs/cgroup/$f")"
+done
+section addresses; ip -o -4 addr show 2>/dev/null
+true
+"""
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in output.splitlines():
+        if line.startswith("@@ "):
+            current = line[3:].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+
+
+def describe_inside(probe: dict[str, str], facts: dict[str, Any]) -> dict[str, Any]:
+    """The manifest: what the container sees, the most telling facts first (reports show the head)."""
+    cpuinfo = _first_values(probe.get("cpuinfo", ""))
+    cgroup = dict(line.split("=", 1) for line in probe.get("cgroup", "").splitlines() if "=" in line)
+    limits = cgroup_limits(cgroup)
+    online = _int(probe.get("nproc"))
+    cores: float | int | None = online
+    if online is not None and limits.get("cpu_quota_cores") is not None:
+        cores = min(online, limits["cpu_quota_cores"])
+    mem_total = _meminfo_bytes(probe.get("meminfo", ""))
+    memory = (
+        min(v for v in (mem_total, limits.get("memory_limit_bytes")) if v is not None) if mem_total else None
+    )
+    stat_fields = probe.get("stat", "").split()
+    tick = _int(probe.get("clk_tck")) or 100
+    steal = int(stat_fields[8]) / tick if len(stat_fields) > 8 and stat_fields[0] == "cpu" else None
+    return {
+        "kind": facts["kind"],
+        "accelerator": "none (a container: the host's kernel, namespaces and cgroups)",
+        "cores": cores,
+        "memory_bytes": memory,
+        "limits": _limits_text(limits),
+        "network": facts.get("network"),
+        "storage": facts.get("storage"),
+        "cpu_model": cpuinfo.get("model name"),
+        "cpu_flags": cpu_flags_summary(cpuinfo.get("flags", "")),
+        "cpus_online": online,
+        "kernel": probe.get("kernel") or None,
+        "clocksource": probe.get("clocksource") or None,
+        "steal_s": steal,  # since the host booted; /proc/stat is the host's inside a container
+        "cgroup": limits,
+        "network_mode": facts.get("network_mode"),
+        "address": facts.get("address"),
+        "interfaces": [
+            line.split()[1] + " " + line.split()[3]
+            for line in probe.get("addresses", "").splitlines()
+            if len(line.split()) > 3
+        ],
+        "runtime": facts.get("runtime"),
+        "image_key": facts.get("image_key"),
+        "container_id": facts.get("container_id"),
+        "provision_s": facts.get("provision_s"),
+    }
+
+
+def cgroup_limits(files: dict[str, str]) -> dict[str, Any]:
+    """CPU, memory and pids limits from cgroup files as read inside (v1 names, or v2's)."""
+    unlimited = {"max", "-1", ""}
+    quota, period = files.get("cpu/cpu.cfs_quota_us"), files.get("cpu/cpu.cfs_period_us")
+    if "cpu.max" in files:
+        quota, _, period = files["cpu.max"].partition(" ")
+    memory = files.get("memory/memory.limit_in_bytes", files.get("memory.max"))
+    memory_bytes = _int(memory) if memory not in unlimited else None
+    if memory_bytes is not None and memory_bytes >= 2**62:  # v1 says "no limit" with a huge number
+        memory_bytes = None
+    quota_us = _int(quota) if quota not in unlimited else None
+    period_us = _int(period)
+    return {
+        "version": "v2" if "cpu.max" in files or "memory.max" in files else "v1",
+        "cpu_quota_us": quota_us,
+        "cpu_period_us": period_us,
+        "cpu_quota_cores": round(quota_us / period_us, 3) if quota_us and period_us else None,
+        "cpuset_cpus": files.get("cpuset/cpuset.cpus", files.get("cpuset.cpus.effective")),
+        "cpuset_mems": files.get("cpuset/cpuset.mems", files.get("cpuset.mems.effective")),
+        "memory_limit_bytes": memory_bytes,
+        "pids_max": _int(files.get("pids/pids.max", files.get("pids.max"))),
+    }
+
+
+def _limits_text(limits: dict[str, Any]) -> str:
+    parts = []
+    if limits.get("cpu_quota_cores") is not None:
+        parts.append(
+            f"cpu quota {limits['cpu_quota_cores']:g} ({limits['cpu_quota_us']}/{limits['cpu_period_us']} us)"
+        )
+    parts.append(f"cpuset {limits.get('cpuset_cpus')}")
+    memory = limits.get("memory_limit_bytes")
+    parts.append(f"memory {memory / 2**20:g} MiB" if memory else "memory unlimited")
+    if limits.get("pids_max") is not None:
+        parts.append(f"pids {limits['pids_max']}")
+    return ", ".join(parts)
+
+
+def _first_values(cpuinfo: str) -> dict[str, str]:
+    """Key -> value of the first processor in /proc/cpuinfo."""
+    values: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip() and values:
+            break
+        name, sep, value = line.partition(":")
+        if sep:
+            values.setdefault(name.strip(), value.strip())
+    return values
+
+
+def _meminfo_bytes(meminfo: str) -> int | None:
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            kib = _int(line.split()[1])
+            return kib * 1024 if kib is not None else None
+    return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return None
