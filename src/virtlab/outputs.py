@@ -7,6 +7,11 @@ from typing import Any
 
 from virtlab.analysis import build_results
 from virtlab.errors import InputError
+
+# Imported here, not inside write_outputs: an import that Ctrl-C interrupts halfway leaves
+# matplotlib half-initialised in sys.modules, and the interrupted study could then not write
+# its reports. The runner imports this module before the first trial.
+from virtlab.export import write_reports, write_results_csv, write_results_json
 from virtlab.store import ResultStore
 
 
@@ -29,8 +34,6 @@ def results_from_store(store: ResultStore) -> dict[str, Any]:
 
 def write_outputs(out_dir: Path, store: ResultStore, reports: bool = True) -> dict[str, Any]:
     """Rewrite results.json and results.csv (and the reports); returns the results."""
-    from virtlab.export import write_reports, write_results_csv, write_results_json
-
     results = results_from_store(store)
     write_results_json(results, out_dir / "results.json")
     write_results_csv(results, out_dir / "results.csv")
