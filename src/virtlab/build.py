@@ -45,6 +45,19 @@ class KernelBuild:
         }
 
 
+def compile_argv(compiler: str, name: str, source: str, output: str, cflags: tuple[str, ...]) -> list[str]:
+    """The compiler's argument list for one kernel: the same here and on a remote host."""
+    return [
+        compiler, *cflags, *_EXTRA_CFLAGS.get(name, ()), "-o", output, source,
+        *_LINK_LIBS.get(name, ()), "-lm",
+    ]  # fmt: skip
+
+
+def link_libs(name: str) -> tuple[str, ...]:
+    """The libraries a kernel links beyond libm (their -dev packages are needed to build it)."""
+    return _LINK_LIBS.get(name, ())
+
+
 def kernel_sources() -> dict[str, str]:
     """Kernel name -> C source text, as shipped inside the package."""
     native = resources.files("virtlab") / "native"
@@ -85,10 +98,7 @@ def build_kernels(
     for name, text in sources.items():
         source = staging / f"{name}.c"
         source.write_text(text)
-        argv = [
-            compiler_path, *cflags, *_EXTRA_CFLAGS.get(name, ()), "-o", str(staging / name),
-            str(source), *_LINK_LIBS.get(name, ()), "-lm",
-        ]  # fmt: skip
+        argv = compile_argv(compiler_path, name, str(source), str(staging / name), tuple(cflags))
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)

@@ -14,6 +14,7 @@ from virtlab.environments._base import (
 )
 
 ENVIRONMENTS.add_lazy("container", "virtlab.environments.container:ContainerEnvironment")
+ENVIRONMENTS.add_lazy("ssh", "virtlab.environments.ssh:SshEnvironment")
 
 __all__ = [
     "ENVIRONMENTS",
