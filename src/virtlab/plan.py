@@ -9,6 +9,7 @@ anywhere are errors.
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from virtlab import stats
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
-from virtlab.registry import UnknownPluginError
+from virtlab.registry import Registry, UnknownPluginError
 from virtlab.workloads import WORKLOADS, Workload
 
 DEFAULT_PLAN = "quick.toml"
@@ -178,43 +179,36 @@ def _tables(document: dict[str, Any], key: str, source: str) -> list[dict[str, A
     return tables
 
 
-def _name_and_kind(table: dict[str, Any], source: str, where: str) -> tuple[str, str]:
+def _plugin_table(
+    table: dict[str, Any], source: str, where: str, registry: Registry[Any]
+) -> tuple[str, str, type[Any], str]:
+    """The name, kind and plugin class of an [[environment]] or [[workload]] table."""
     for key in ("name", "kind"):
         if not isinstance(table.get(key), str) or not table[key]:
             raise InputError(source, f"{where}.{key} is missing or not a string", f'add {key} = "..."')
     name, kind = table["name"], table["kind"]
-    import re
-
     if not re.match(_NAME_PATTERN, name):
         raise InputError(
             source, f"{where}.name {name!r} has characters a name cannot have", "use letters, digits, . _ -"
         )
-    return name, kind
-
-
-def _environment(table: dict[str, Any], source: str, index: int) -> EnvironmentSpec:
-    where = f"environment[{index}]"
-    name, kind = _name_and_kind(table, source, where)
     try:
-        cls = ENVIRONMENTS.get(kind)
+        cls = registry.get(kind)
     except UnknownPluginError as error:
         raise InputError(
             source, f"{where} ({name}).kind: unknown kind {kind!r}", f"use one of: {', '.join(error.valid)}"
         ) from None
-    options = _validated(cls.Options, _without(table, "name", "kind"), source, f"{where} ({name})")
+    return name, kind, cls, f"{where} ({name})"
+
+
+def _environment(table: dict[str, Any], source: str, index: int) -> EnvironmentSpec:
+    name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
+    options = _validated(cls.Options, _without(table, "name", "kind"), source, where)
     return EnvironmentSpec(name, kind, options, cls)
 
 
 def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:
-    where = f"workload[{index}]"
-    name, kind = _name_and_kind(table, source, where)
-    try:
-        cls = WORKLOADS.get(kind)
-    except UnknownPluginError as error:
-        raise InputError(
-            source, f"{where} ({name}).kind: unknown kind {kind!r}", f"use one of: {', '.join(error.valid)}"
-        ) from None
-    params = _validated(cls.Params, _without(table, "name", "kind"), source, f"{where} ({name})")
+    name, kind, cls, where = _plugin_table(table, source, f"workload[{index}]", WORKLOADS)
+    params = _validated(cls.Params, _without(table, "name", "kind"), source, where)
     return WorkloadSpec(name, kind, cls(params))
 
 
