@@ -15,6 +15,7 @@ from virtlab.environments._base import (
 
 ENVIRONMENTS.add_lazy("container", "virtlab.environments.container:ContainerEnvironment")
 ENVIRONMENTS.add_lazy("ssh", "virtlab.environments.ssh:SshEnvironment")
+ENVIRONMENTS.add_lazy("vm", "virtlab.environments.vm:VmEnvironment")
 
 __all__ = [
     "ENVIRONMENTS",

@@ -1,0 +1,911 @@
+"""A real QEMU virtual machine, driven over QMP, with commands run through the guest agent.
+
+The VM boots the shared guest image (``virtlab.image``): a Debian kernel and initramfs given to
+QEMU directly, and a private copy of the image's disk with the compiled kernels written into it.
+The QEMU command line is built by a pure function of the options (``qemu_argv``), so what a plan
+asks for can be read and tested without starting anything.
+
+One VM lives from ``provision`` to ``teardown``::
+
+    qemu -S ...           started paused, in its own session, cwd = the environment's workdir
+    QMP (qmp.sock)        vCPU threads pinned (query-cpus-fast thread ids), then ``cont``
+    guest agent (qga.sock)  first ``guest-exec`` answered = ``boot_s``; every command after it
+    console.log           the serial console, attached to every failure
+    QMP quit              then SIGKILL after a grace; the disk copy is removed
+
+Accelerator: KVM only when ``virtlab.accel.probe_kvm`` saw guest code really run under it;
+otherwise TCG. The choice and the probe's reason go into the manifest of every result.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from virtlab.build import KernelBuild, build_kernels
+from virtlab.environments._base import (
+    CommandResult,
+    Environment,
+    EnvironmentError_,
+    EnvironmentOptions,
+    register_environment,
+)
+from virtlab.image import (
+    GUEST_BIN,
+    GuestImage,
+    ImageError,
+    ImageSpec,
+    build_image,
+    guest_cmdline,
+    kernel_files,
+    make_disk,
+)
+from virtlab.qmp import GuestAgent, GuestAgentError, Qmp, QmpError
+from virtlab.samples import Sample
+
+QEMU = "qemu-system-x86_64"
+# Kernels compiled with -march=native on this host use instructions QEMU's TCG does not emulate
+# (QEMU 7.2: no AVX-512), and a guest CPU model other than "host" may lack them too. Such guests
+# get a build for a baseline every x86-64 CPU model of the last decade offers.
+PORTABLE_MARCH = "-march=x86-64-v2"
+# Files of a running VM, relative to its workdir (QEMU's cwd, which keeps socket paths short).
+CONSOLE_LOG = "console.log"
+QEMU_LOG = "qemu.log"
+QMP_SOCKET = "qmp.sock"
+QGA_SOCKET = "qga.sock"
+PIDFILE = "qemu.pid"
+# Crash leftovers are found through these records: one per running VM, naming its owner.
+RUN_DIR = Path("/run/virtlab/vm")
+_QUIT_GRACE_S = 5.0
+_EXEC_POLL_MAX_S = 0.1
+_KILL_GRACE_S = 10.0
+
+
+class VmOptions(EnvironmentOptions):
+    """A QEMU VM of the shared guest image; see ``virtlab envs`` for the meaning of each key."""
+
+    vcpus: int = Field(default=2, ge=1, le=256, description="virtual CPUs (-smp)")
+    memory_mb: int = Field(default=1024, ge=256, description="guest memory in MiB (-m)")
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        default="auto", description="auto: KVM when a real probe boots guest code under it, else TCG"
+    )
+    machine: Literal["q35", "pc", "microvm"] = Field(
+        default="q35", description="QEMU machine type (pc = i440fx, whose IDE is PIIX)"
+    )
+    cpu_model: str | None = Field(default=None, description='-cpu; default "host" under KVM, "max" under TCG')
+    disk_bus: Literal["virtio-blk", "virtio-scsi", "ide"] = Field(
+        default="virtio-blk", description="bus of the root disk (and of block_device)"
+    )
+    disk_cache: Literal["none", "writeback", "writethrough", "directsync", "unsafe"] = Field(
+        default="none", description="QEMU cache mode of the disks (none = O_DIRECT on the host)"
+    )
+    image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
+    preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
+    disk_size_mb: int | None = Field(
+        default=None, ge=256, description="root disk size; default the tree + 1 GiB"
+    )
+    block_device: str | None = Field(
+        default=None, description="host block device passed through as the second disk"
+    )
+    nic: Literal["virtio-net", "e1000", "none"] = Field(
+        default="virtio-net", description="NIC model, on QEMU user networking restricted to the VM"
+    )
+    pin: tuple[int, ...] | None = Field(
+        default=None, description="host CPU of each vCPU: vCPU i runs on pin[i]"
+    )
+    numa_nodes: int = Field(default=1, ge=1, description="guest NUMA nodes; vCPUs and memory split evenly")
+    kernel_args: tuple[str, ...] = Field(default=(), description="extra guest kernel command line")
+    kernel_flavour: str = Field(
+        default="cloud-amd64", description='Debian kernel flavour of the guest ("amd64" has e1000 and ahci)'
+    )
+    boot_timeout_s: float = Field(default=120.0, gt=0, description="process start to first command answered")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VmOptions:
+        if self.pin is not None:
+            if len(self.pin) != self.vcpus:
+                raise ValueError(
+                    f"pin names {len(self.pin)} host CPUs for {self.vcpus} vCPUs: give one per vCPU"
+                )
+            if any(cpu < 0 for cpu in self.pin):
+                raise ValueError("pin: host CPU numbers start at 0")
+        if self.numa_nodes > self.vcpus:
+            raise ValueError(
+                f"numa_nodes={self.numa_nodes} needs at least as many vCPUs (vcpus={self.vcpus})"
+            )
+        if self.memory_mb // self.numa_nodes < 128:
+            raise ValueError(f"memory_mb={self.memory_mb} leaves less than 128 MiB per NUMA node")
+        if self.machine == "microvm":
+            if self.disk_bus == "ide":
+                raise ValueError('machine "microvm" has no IDE: use disk_bus "virtio-blk" or "virtio-scsi"')
+            if self.numa_nodes > 1:
+                raise ValueError('machine "microvm" describes no NUMA topology: use "q35" for numa_nodes')
+        for arg in self.kernel_args:
+            if not arg or any(c.isspace() for c in arg):
+                raise ValueError(f"kernel_args: {arg!r} is not one kernel argument (no blanks inside)")
+        return self
+
+
+# --------------------------------------------------------------------------- the QEMU command line
+
+
+@dataclass(frozen=True)
+class VmFiles:
+    """Paths as written on QEMU's command line (relative ones are against the workdir)."""
+
+    kernel: str
+    initrd: str
+    disk: str
+    console: str = CONSOLE_LOG
+    qmp_socket: str = QMP_SOCKET
+    qga_socket: str = QGA_SOCKET
+    pidfile: str = PIDFILE
+
+
+def cpu_model(options: VmOptions, accelerator: str) -> str:
+    return options.cpu_model or ("host" if accelerator == "kvm" else "max")
+
+
+def root_device(options: VmOptions) -> str:
+    """The root disk's name in the guest: virtio-blk disks are vdX, SCSI and ATA disks sdX."""
+    return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"
+
+
+def kernel_cmdline(options: VmOptions, accelerator: str, tsc_khz: int | None = None) -> str:
+    extra = list(options.kernel_args)
+    if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
+        # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
+        # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
+        # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
+        extra.insert(0, f"tsc_early_khz={tsc_khz}")
+    return guest_cmdline(root=root_device(options), sshd=False, extra=tuple(extra))
+
+
+def _cpu_ranges(cpus: list[int]) -> str:
+    return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
+
+
+def numa_layout(vcpus: int, memory_mb: int, nodes: int) -> list[tuple[list[int], int]]:
+    """(vCPUs, MiB) of each node: contiguous vCPU ranges and memory split as evenly as whole MiB allow."""
+    layout = []
+    for node in range(nodes):
+        first, last = node * vcpus // nodes, (node + 1) * vcpus // nodes
+        memory = memory_mb // nodes + (1 if node < memory_mb % nodes else 0)
+        layout.append((list(range(first, last)), memory))
+    return layout
+
+
+def _disk_devices(options: VmOptions, drive: str, index: int) -> list[str]:
+    """-device arguments attaching ``drive`` as disk number ``index`` (0 = root) on the chosen bus."""
+    if options.disk_bus == "virtio-blk":
+        return ["-device", f"virtio-blk-pci,drive={drive},id={drive}-dev"]
+    if options.disk_bus == "virtio-scsi":
+        controller = ["-device", "virtio-scsi-pci,id=scsi0"] if index == 0 else []
+        return [*controller, "-device", f"scsi-hd,drive={drive},bus=scsi0.0,channel=0,scsi-id={index},lun=0"]
+    # q35's AHCI ports and pc's two PIIX channels are both named ide.<n>; one disk per bus.
+    return ["-device", f"ide-hd,drive={drive},bus=ide.{index}"]
+
+
+def qemu_argv(
+    options: VmOptions,
+    *,
+    accelerator: str,
+    files: VmFiles,
+    append: str,
+    name: str = "vm",
+    qemu: str = QEMU,
+) -> list[str]:
+    """The complete QEMU command line of a VM; a pure function of its arguments.
+
+    The VM starts paused (``-S``): QMP pins its vCPU threads and then lets it run.
+    """
+    machine = {"q35": "q35", "pc": "pc", "microvm": "microvm,pcie=on,acpi=on,rtc=on"}[options.machine]
+    accel = "tcg,thread=multi" if accelerator == "tcg" else accelerator
+    argv = [
+        qemu, "-name", f"virtlab-{name},debug-threads=on",
+        "-machine", machine, "-accel", accel, "-cpu", cpu_model(options, accelerator),
+        "-smp", str(options.vcpus), "-m", f"{options.memory_mb}M",
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-S",
+        "-msg", "timestamp=on", "-pidfile", files.pidfile,
+        "-kernel", files.kernel, "-initrd", files.initrd, "-append", append,
+        "-chardev", f"file,id=serial0,path={files.console}", "-serial", "chardev:serial0",
+        "-chardev", f"socket,id=qmp0,path={files.qmp_socket},server=on,wait=off",
+        "-mon", "chardev=qmp0,mode=control",
+        "-chardev", f"socket,id=qga0,path={files.qga_socket},server=on,wait=off",
+        "-device", "virtio-serial-pci,id=vserial0",
+        "-device", "virtserialport,bus=vserial0.0,chardev=qga0,name=org.qemu.guest_agent.0",
+        # Entropy for the guest's random pool, which TCG guests otherwise fill slowly.
+        "-device", "virtio-rng-pci",
+    ]  # fmt: skip
+    if options.numa_nodes > 1:
+        for node, (cpus, memory) in enumerate(
+            numa_layout(options.vcpus, options.memory_mb, options.numa_nodes)
+        ):
+            argv += ["-object", f"memory-backend-ram,id=mem{node},size={memory}M"]
+            argv += ["-numa", f"node,nodeid={node},cpus={_cpu_ranges(cpus)},memdev=mem{node}"]
+    disks = [
+        (files.disk, options.image_format),
+        *([(options.block_device, "raw")] if options.block_device else []),
+    ]
+    for index, (path, fmt) in enumerate(disks):
+        drive = f"disk{index}"
+        escaped = str(path).replace(",", ",,")  # QEMU's option syntax doubles a comma in a value
+        argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},cache={options.disk_cache}"]
+        argv += _disk_devices(options, drive, index)
+    if options.nic != "none":
+        # User networking with restrict=on: the guest has its NIC and reaches nothing beyond QEMU.
+        device = "virtio-net-pci" if options.nic == "virtio-net" else "e1000"
+        argv += ["-netdev", "user,id=net0,restrict=on", "-device", f"{device},netdev=net0"]
+    return argv
+
+
+def guest_kernel_cflags(cflags: tuple[str, ...], accelerator: str, cpu: str) -> tuple[str, ...]:
+    """The flags the guest's kernels are compiled with: the host's own unless the guest CPU differs."""
+    if accelerator == "kvm" and cpu == "host":
+        return cflags
+    if not any(flag == "-march=native" or flag.startswith("-mtune=native") for flag in cflags):
+        return cflags
+    return tuple(
+        PORTABLE_MARCH if flag == "-march=native" else flag for flag in cflags if flag != "-mtune=native"
+    )
+
+
+def _required_drivers(options: VmOptions) -> dict[str, str]:
+    """Guest kernel drivers this VM's hardware needs -> what needs them."""
+    drivers = {"virtio_pci": "every device", "virtio_console": "the guest agent"}
+    if options.disk_bus == "virtio-blk":
+        drivers["virtio_blk"] = "disk_bus virtio-blk"
+    elif options.disk_bus == "virtio-scsi":
+        drivers.update(virtio_scsi="disk_bus virtio-scsi", sd_mod="disk_bus virtio-scsi")
+    else:
+        drivers["ahci" if options.machine == "q35" else "ata_piix"] = f"disk_bus ide on {options.machine}"
+        drivers["sd_mod"] = "disk_bus ide"
+    if options.nic != "none":
+        drivers[options.nic.replace("-", "_")] = f"nic {options.nic}"
+    return drivers
+
+
+# --------------------------------------------------------------------------- crash leftovers
+
+
+def _run_dir() -> Path:
+    if os.geteuid() == 0:
+        return RUN_DIR
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/virtlab-{os.getuid()}"
+    return Path(runtime) / "virtlab" / "vm"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live process: with the pid, it names one process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has ended already
+
+
+def _alive(pid: int | None, start: int | None) -> bool:
+    return pid is not None and start is not None and _start_ticks(pid) == start
+
+
+def _kill(pid: int, start: int | None) -> bool:
+    if not _alive(pid, start):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    for _ in range(100):
+        if not _alive(pid, start):
+            break
+        time.sleep(0.02)
+    return True
+
+
+def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) -> list[int]:
+    """Kill the QEMU processes of VMs whose owner died without tearing them down; returns their pids.
+
+    A VM's record (``<run_dir>/<qemu pid>.json``) names its QEMU process and its owner, each by
+    pid and start time, so a recycled pid is never taken for either. With ``workdir``, a QEMU
+    still running on that workdir's disk (its ``qemu.pid``) is a leftover too, whoever started it.
+    """
+    killed: list[int] = []
+    records = _run_dir() if run_dir is None else run_dir
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        same_workdir = workdir is not None and Path(record.get("workdir", "")) == Path(workdir).resolve()
+        if _alive(record.get("owner_pid"), record.get("owner_start")) and not same_workdir:
+            continue  # a VM of a running study
+        if _is_qemu(record["qemu_pid"]) and _kill(record["qemu_pid"], record.get("qemu_start")):
+            killed.append(record["qemu_pid"])
+        if record.get("disk"):
+            Path(record["disk"]).unlink(missing_ok=True)
+        for name in (QMP_SOCKET, QGA_SOCKET):
+            (Path(record.get("workdir", "/nonexistent")) / name).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    if workdir is not None:
+        pid = _qemu_of_pidfile(Path(workdir))
+        if pid is not None and _kill(pid, _start_ticks(pid)):
+            killed.append(pid)
+    return killed
+
+
+def _is_qemu(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("qemu-system")
+    except OSError:
+        return False
+
+
+def _qemu_of_pidfile(workdir: Path) -> int | None:
+    try:
+        pid = int((workdir / PIDFILE).read_text().split()[0])
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if _is_qemu(pid) and Path(cwd) == workdir.resolve() else None
+
+
+# --------------------------------------------------------------------------- the environment
+
+_FACTS_SCRIPT = r"""
+root=$1
+cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
+echo "cpu_model=$(cpu 'model name')"
+echo "cpu_flags=$(cpu flags)"
+echo "cores=$(nproc)"
+echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+echo "kernel=$(uname -r)"
+echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+echo "numa_nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)"
+echo "steal_ticks=$(awk '/^cpu / {print $9}' /proc/stat)"
+echo "clk_tck=$(getconf CLK_TCK)"
+echo "root_sysfs=$(readlink -f /sys/class/block/${root#/dev/})"
+for dev in /sys/class/net/*; do
+    driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
+done
+echo "cmdline=$(cat /proc/cmdline)"
+"""
+
+
+# Stops a process, then its descendants depth first, then kills them all: a guest-exec'd command
+# shares the agent's process group, so a group kill is not an option.
+_KILL_TREE = r"""
+kill_tree() {
+    kill -STOP "$1" 2>/dev/null
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -KILL "$1" 2>/dev/null
+}
+kill_tree "$1"
+"""
+
+
+def _key_values(text: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+
+
+def _tail(path: Path, limit: int = 20_000) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
+    """The host's TSC rate: x86 Linux derives BogoMIPS from it (2 per MHz), unlike "cpu MHz",
+    which follows frequency scaling."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    match = re.search(r"^bogomips\s*:\s*([\d.]+)", cpuinfo, re.M)
+    return round(float(match.group(1)) * 500) if match else None
+
+
+@register_environment
+class VmEnvironment(Environment):
+    kind = "vm"
+    summary = "a QEMU VM (KVM when it really works, else TCG) driven over QMP, commands via the guest agent"
+    Options = VmOptions
+
+    options: VmOptions
+
+    def __init__(self, name: str, options: VmOptions, workdir: Path) -> None:
+        super().__init__(name, options, Path(workdir).resolve())
+        self._process: subprocess.Popen[bytes] | None = None
+        self._qmp: Qmp | None = None
+        self._agent: GuestAgent | None = None
+        self._record: Path | None = None
+        self._disk: Path | None = None
+        self._argv: list[str] = []
+        self._started = 0.0
+        self.accelerator: str | None = None
+        self.accelerator_reason = ""
+        self.boot_s: float | None = None
+        self._facts: dict[str, Any] = {}
+        self._details: dict[str, Any] = {}
+
+    # -- checks before anything runs -----------------------------------------------------
+    @classmethod
+    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        assert isinstance(options, VmOptions)
+        problems = []
+        for tool, package in ((QEMU, "qemu-system-x86"), ("qemu-img", "qemu-utils")):
+            if shutil.which(tool) is None:
+                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
+        if options.block_device is not None:
+            path = Path(options.block_device)
+            if not path.exists():
+                problems.append(f"block_device {path} does not exist")
+            elif not path.is_block_device():
+                problems.append(f"block_device {path} is not a block device")
+        if options.pin is not None:
+            usable = os.sched_getaffinity(0)
+            outside = sorted(set(options.pin) - usable)
+            if outside:
+                problems.append(
+                    f"pin names host CPUs {outside} this process cannot use (has {sorted(usable)})"
+                )
+        if options.accel == "kvm" and not problems:
+            probe = _probe()
+            if not probe.kvm_usable:
+                problems.append(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
+        return problems
+
+    # -- Environment interface -----------------------------------------------------------
+    @property
+    def bin_dir(self) -> str:
+        return GUEST_BIN
+
+    def _create(self, kernels: KernelBuild) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cleanup_leftovers(self.workdir)
+        for name in (CONSOLE_LOG, QEMU_LOG, QMP_SOCKET, QGA_SOCKET, PIDFILE):
+            (self.workdir / name).unlink(missing_ok=True)
+        self._choose_accelerator()
+        assert self.accelerator is not None
+        image = self._image()
+        guest_kernels = self._guest_kernels(kernels)
+        try:
+            append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz())
+        except ValueError as error:  # a command line longer than the kernel takes
+            raise EnvironmentError_(f"VM {self.name}: {error}") from error
+        self._disk = self._make_disk(image, guest_kernels)
+        files = VmFiles(kernel=str(image.kernel), initrd=str(image.initrd), disk=self._disk.name)
+        self._argv = qemu_argv(
+            self.options, accelerator=self.accelerator, files=files, append=append, name=self.name
+        )
+        try:
+            self._start()
+            self._boot()
+            self._facts = self._collect_facts()
+        except BaseException as error:
+            log = self._failure_log()
+            self._stop()
+            if isinstance(error, EnvironmentError_):
+                error.log = log
+                raise
+            if isinstance(error, (QmpError, GuestAgentError, OSError)):
+                raise EnvironmentError_(f"VM {self.name}: {error}", log) from error
+            raise
+
+    def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
+        self._check_running()
+        console_mark = self._console_size()
+        result = self._guest_exec(argv, timeout_s)
+        if not result.ok:
+            # Kernel messages of the moment (an OOM kill, a hung task) explain many failures.
+            news = self._console_since(console_mark)
+            if news.strip():
+                stderr = f"{result.stderr}\n--- VM console during the command ---\n{news}"
+                result = CommandResult(
+                    result.argv, result.exit_code, result.stdout, stderr, result.elapsed_s, result.timed_out
+                )
+        return result
+
+    def _delete(self) -> None:
+        self._stop()
+
+    def copy_in(self, source: Path, destination: str) -> None:
+        agent = self._require_agent()
+        handle = agent.execute("guest-file-open", {"path": destination, "mode": "w"})
+        try:
+            with open(source, "rb") as local:
+                while chunk := local.read(1 << 20):
+                    data = base64.b64encode(chunk).decode()
+                    done = agent.execute("guest-file-write", {"handle": handle, "buf-b64": data}, timeout=60)
+                    if done.get("count") != len(chunk):
+                        raise EnvironmentError_(f"VM {self.name}: short write to {destination}: {done}")
+        finally:
+            agent.execute("guest-file-close", {"handle": handle})
+
+    def copy_out(self, source: str, destination: Path) -> None:
+        agent = self._require_agent()
+        handle = agent.execute("guest-file-open", {"path": source, "mode": "r"})
+        try:
+            with open(destination, "wb") as local:
+                while True:
+                    chunk = agent.execute("guest-file-read", {"handle": handle, "count": 1 << 20}, timeout=60)
+                    local.write(base64.b64decode(chunk.get("buf-b64", "")))
+                    if chunk.get("eof") or not chunk.get("count"):
+                        break
+        finally:
+            agent.execute("guest-file-close", {"handle": handle})
+
+    def manifest(self) -> dict[str, Any]:
+        facts = self._facts
+        steal = self._steal_s()
+        return {
+            **super().manifest(),
+            "accelerator": self.accelerator,
+            "accelerator_reason": self.accelerator_reason,
+            "boot_s": self.boot_s,
+            "cpu_model": facts.get("cpu_model"),
+            "cpu_flags": facts.get("cpu_flags", "").split(),
+            "cores": _int(facts.get("cores")),
+            "memory_bytes": _int(facts.get("memory_kb"), 1024),
+            "kernel": facts.get("kernel"),
+            "clocksource": facts.get("clocksource"),
+            "numa_nodes": _int(facts.get("numa_nodes")),
+            "steal_s": steal,
+            "guest_cmdline": facts.get("cmdline"),
+            "network": {
+                "mode": "user (QEMU slirp, restrict=on: no traffic beyond the VM)"
+                if self.options.nic != "none"
+                else "none",
+                "nic": self.options.nic,
+                "guest_driver": facts.get("nic_driver"),
+            },
+            "storage": {
+                "bus": self.options.disk_bus,
+                "cache": self.options.disk_cache,
+                "aio": "threads",
+                "format": self.options.image_format,
+                "preallocate": self.options.preallocate,
+                "root_sysfs": facts.get("root_sysfs"),
+                "block_device": self.options.block_device,
+            },
+            **self._details,
+            "qemu_argv": list(self._argv),
+            "qemu_cwd": str(self.workdir),
+            "console_log": str(self.workdir / CONSOLE_LOG),
+        }
+
+    def environment_samples(self) -> list[Sample]:
+        """Figures of the environment itself (not of a workload): set-up and boot time."""
+        if self.boot_s is None:
+            return super().environment_samples()
+        metadata = {"accelerator": self.accelerator, "machine": self.options.machine}
+        return [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+
+    # -- provisioning steps --------------------------------------------------------------
+    def _choose_accelerator(self) -> None:
+        if self.options.accel == "tcg":
+            self.accelerator, self.accelerator_reason = "tcg", 'the plan asks for accel = "tcg"'
+            return
+        probe = _probe()
+        self._details["kvm_probe"] = {
+            "kvm_usable": probe.kvm_usable,
+            "elapsed_s": probe.elapsed_s,
+            "cached": probe.cached,
+        }
+        if self.options.accel == "kvm" and not probe.kvm_usable:
+            raise EnvironmentError_(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
+        self.accelerator = "kvm" if probe.kvm_usable else "tcg"
+        self.accelerator_reason = probe.reason
+
+    def _image(self) -> GuestImage:
+        try:
+            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour))
+        except ImageError as error:
+            raise EnvironmentError_(f"guest image: {error}", str(error)) from error
+        missing = set(image.manifest.get("missing_drivers", ()))
+        for driver, needed_by in _required_drivers(self.options).items():
+            if driver in missing:
+                raise EnvironmentError_(
+                    f"the guest kernel ({image.spec.kernel_flavour}) has no {driver} driver, "
+                    f'which {needed_by} needs: set kernel_flavour = "amd64"'
+                    + (' or machine = "pc"' if driver == "ahci" else "")
+                )
+        self._details["image"] = {"key": image.key, "kernel_flavour": image.spec.kernel_flavour}
+        return image
+
+    def _guest_kernels(self, kernels: KernelBuild) -> KernelBuild:
+        assert self.accelerator is not None
+        cflags = guest_kernel_cflags(
+            kernels.cflags, self.accelerator, cpu_model(self.options, self.accelerator)
+        )
+        guest = (
+            kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
+        )
+        note = None
+        if guest is not kernels:
+            why = "TCG does not emulate all of" if self.accelerator == "tcg" else "the guest CPU model lacks"
+            note = f"the host's build ({' '.join(kernels.cflags)}) uses instructions {why}"
+        self._details["kernels"] = {**guest.metadata(), "note": note}
+        return guest
+
+    def _make_disk(self, image: GuestImage, kernels: KernelBuild) -> Path:
+        target = self.workdir / f"disk.{self.options.image_format}"
+        try:
+            return make_disk(
+                image,
+                target,
+                format=self.options.image_format,
+                preallocate=self.options.preallocate,
+                size_mb=self.options.disk_size_mb,
+                extra_files=kernel_files(kernels.bin_dir),
+            )
+        except (ImageError, ValueError) as error:
+            raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
+
+    def _start(self) -> None:
+        self._started = time.monotonic()
+        with open(self.workdir / QEMU_LOG, "wb") as log:
+            # A session of its own: a Ctrl-C meant for virtlab reaches QEMU through teardown.
+            self._process = subprocess.Popen(
+                self._argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self._write_record()
+        self._qmp = Qmp(f"vm-{self.name}")
+        self._qmp.connect(self.workdir / QMP_SOCKET, timeout=30.0, alive=self._qemu_alive)
+        version = self._qmp.execute("query-version")
+        qemu = version["qemu"]
+        self._details["qemu_version"] = (
+            f"{qemu['major']}.{qemu['minor']}.{qemu['micro']} {version.get('package', '')}".strip()
+        )
+        self._pin_vcpus()
+        self._qmp.execute("cont")
+
+    def _pin_vcpus(self) -> None:
+        assert self._qmp is not None
+        cpus = self._qmp.execute("query-cpus-fast")
+        threads = {cpu["cpu-index"]: cpu["thread-id"] for cpu in cpus}
+        self._details["vcpu_threads"] = [threads[i] for i in sorted(threads)]
+        if self.options.pin is None:
+            return
+        for index, host_cpu in enumerate(self.options.pin):
+            os.sched_setaffinity(threads[index], {host_cpu})
+        self._details["pinned"] = {str(i): cpu for i, cpu in enumerate(self.options.pin)}
+
+    def _boot(self) -> None:
+        deadline = self._started + self.options.boot_timeout_s
+        self._agent = GuestAgent(self.workdir / QGA_SOCKET)
+        while True:
+            if not self._qemu_alive():
+                raise EnvironmentError_(
+                    f"VM {self.name}: QEMU exited ({self._exit_status()}) before the guest answered"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EnvironmentError_(
+                    f"VM {self.name}: no answer from the guest agent within "
+                    f"boot_timeout_s={self.options.boot_timeout_s:g} s"
+                )
+            try:
+                if not self._agent.connected:
+                    self._agent.connect()
+                if self._agent.sync(timeout=min(1.0, left)):
+                    break
+            except (OSError, GuestAgentError):
+                time.sleep(0.05)
+        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
+        if not first.ok:
+            raise EnvironmentError_(f"VM {self.name}: the first command failed: {first.log()}")
+        self.boot_s = round(time.monotonic() - self._started, 3)
+
+    def _collect_facts(self) -> dict[str, str]:
+        result = self._guest_exec(
+            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options)], timeout_s=60
+        )
+        if not result.ok:
+            raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")
+        return _key_values(result.stdout)
+
+    # -- commands in the guest -----------------------------------------------------------
+    def _guest_exec(self, argv: list[str], timeout_s: float) -> CommandResult:
+        agent = self._require_agent()
+        started = time.monotonic()
+        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
+        try:
+            pid = agent.execute("guest-exec", request, timeout=30)["pid"]
+        except GuestAgentError as error:
+            if error.error_class is None:  # the agent went away, rather than refusing the command
+                raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
+            # What a shell says of a program it cannot start, with its status.
+            return CommandResult(tuple(argv), 127, "", f"{error}\n", time.monotonic() - started)
+        try:
+            status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
+        except GuestAgentError as error:
+            raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
+        stdout = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
+        stderr = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
+        for stream in ("out", "err"):
+            if status.get(f"{stream}-truncated"):
+                stderr += f"\n[virtlab: the guest agent truncated std{stream} (it keeps 16 MiB at most)]"
+        if "exitcode" in status:
+            code = status["exitcode"]
+        else:
+            code = -int(status.get("signal", signal.SIGKILL))  # like subprocess: minus the signal
+        return CommandResult(tuple(argv), code, stdout, stderr, time.monotonic() - started, timed_out)
+
+    def _wait_exec(self, agent: GuestAgent, pid: int, deadline: float) -> tuple[dict[str, Any], bool]:
+        # Short commands are polled closely (a poll costs the guest about a millisecond), long ones
+        # at most every _EXEC_POLL_MAX_S.
+        started, interval = time.monotonic(), 0.002
+        while True:
+            left = deadline - time.monotonic()
+            status = agent.execute("guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
+            if status.get("exited"):
+                return status, False
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() - started > 0.05:
+                interval = min(interval * 1.5, _EXEC_POLL_MAX_S)
+        # Timed out: end the command and all it forked, keep what it printed, keep the VM.
+        agent.execute(
+            "guest-exec", {"path": "/bin/sh", "arg": ["-c", _KILL_TREE, "kill", str(pid)]}, timeout=30
+        )
+        grace = time.monotonic() + _KILL_GRACE_S
+        while time.monotonic() < grace:
+            status = agent.execute("guest-exec-status", {"pid": pid}, timeout=30)
+            if status.get("exited"):
+                break
+            time.sleep(0.05)
+        return status, True
+
+    # -- state and teardown --------------------------------------------------------------
+    def _require_agent(self) -> GuestAgent:
+        if self._agent is None or self._process is None:
+            raise EnvironmentError_(f"VM {self.name} is not running")
+        if not self._agent.connected:
+            try:
+                self._agent.connect()
+                if not self._agent.sync(timeout=10):
+                    raise GuestAgentError("no answer to guest-sync within 10 s")
+            except (OSError, GuestAgentError) as error:
+                raise EnvironmentError_(
+                    f"VM {self.name}: guest agent lost: {error}", self._failure_log()
+                ) from error
+        return self._agent
+
+    def _check_running(self) -> None:
+        if not self._qemu_alive():
+            raise EnvironmentError_(
+                f"VM {self.name}: QEMU is no longer running ({self._exit_status()})", self._failure_log()
+            )
+
+    def _qemu_alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _exit_status(self) -> str:
+        if self._process is None or self._process.returncode is None:
+            return "still running"
+        code = self._process.returncode
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+    def _console_size(self) -> int:
+        try:
+            return (self.workdir / CONSOLE_LOG).stat().st_size
+        except OSError:
+            return 0
+
+    def _console_since(self, offset: int, limit: int = 20_000) -> str:
+        try:
+            with open(self.workdir / CONSOLE_LOG, "rb") as handle:
+                handle.seek(max(offset, self._console_size() - limit))
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _failure_log(self) -> str:
+        parts = [
+            f"$ (cd {shlex.quote(str(self.workdir))} && {shlex.join(self._argv)})",
+            f"[QEMU {self._exit_status()}; accelerator {self.accelerator}: {self.accelerator_reason}]",
+        ]
+        qemu_log = _tail(self.workdir / QEMU_LOG, 5_000).strip()
+        if qemu_log:
+            parts.append(f"--- QEMU messages ({QEMU_LOG}) ---\n{qemu_log}")
+        console = self.workdir / CONSOLE_LOG
+        parts.append(f"--- serial console ({console}, tail) ---\n{_tail(console)}")
+        return "\n".join(parts)
+
+    def _steal_s(self) -> float | None:
+        if not self._qemu_alive() or self._agent is None:
+            return None
+        try:
+            result = self._guest_exec(
+                ["sh", "-c", "awk '/^cpu / {print $9}' /proc/stat; getconf CLK_TCK"], 10
+            )
+            ticks, hz = result.stdout.split()
+            return int(ticks) / int(hz)
+        except (EnvironmentError_, ValueError):
+            return None
+
+    def _write_record(self) -> None:
+        assert self._process is not None
+        records = _run_dir()
+        try:
+            records.mkdir(parents=True, exist_ok=True)
+            self._record = records / f"{self._process.pid}.json"
+            record = {
+                "qemu_pid": self._process.pid,
+                "qemu_start": _start_ticks(self._process.pid),
+                "owner_pid": os.getpid(),
+                "owner_start": _start_ticks(os.getpid()),
+                "workdir": str(self.workdir),
+                "disk": str(self._disk) if self._disk else None,
+            }
+            self._record.write_text(json.dumps(record) + "\n")
+        except OSError:
+            self._record = None  # no record: the workdir's pidfile still finds the leftover
+
+    def _stop(self) -> None:
+        if self._agent is not None:
+            self._agent.shutdown()
+            self._agent = None
+        if self._qmp is not None:
+            if self._qemu_alive():
+                try:
+                    self._qmp.execute("quit", timeout=_QUIT_GRACE_S)
+                except QmpError:
+                    pass  # QEMU may close the socket before answering
+            self._qmp.close()
+            self._qmp = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=_QUIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
+            self._record = None
+        if self._disk is not None:
+            self._disk.unlink(missing_ok=True)
+            self._disk = None
+        for name in (QMP_SOCKET, QGA_SOCKET):
+            (self.workdir / name).unlink(missing_ok=True)
+
+    @property
+    def qemu_pid(self) -> int | None:
+        return self._process.pid if self._qemu_alive() and self._process is not None else None
+
+    @property
+    def vcpu_threads(self) -> list[int]:
+        return list(self._details.get("vcpu_threads", []))
+
+
+def _int(value: str | None, scale: int = 1) -> int | None:
+    try:
+        return int(value) * scale if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _probe() -> Any:
+    from virtlab.accel import probe_kvm
+
+    return probe_kvm()
