@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from env_bench import environment_table
+
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
@@ -160,6 +162,7 @@ def main() -> None:
         + table(pi_vs_cln(bin_dir, args.rounds), "s"),
         f"### Harness overhead per trial, {args.harness_trials} trials (target: under 50 ms)\n\n"
         + table(harness_overhead(bin_dir, args.harness_trials), "ms per trial"),
+        "### Environments: start, boot, exec round trip\n\n" + environment_table(),
     ]
     text = BENCH_README.read_text()
     begin, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)

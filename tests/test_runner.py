@@ -169,3 +169,27 @@ def test_ctrl_c_on_the_command_line_keeps_trials_and_resume_finishes(tmp_path):
     assert done.returncode == 0
     assert [row[2] for row in stored_trials(out)] == list(range(6))
     assert kept == stored_trials(out)[: len(kept)]
+
+
+def test_adaptive_repetition_adds_trials_while_the_spread_is_above_target(tmp_path):
+    # primes' timings always vary by more than 0.0001 %, so every cell runs up to max_trials;
+    # noop's only metric is a constant (spread 0), so it stops at min_trials.
+    text = (
+        '[study]\nname = "adaptive"\ntrials = 3\nwarmups = 0\ntarget_cov_pct = 0.0001\n'
+        "min_trials = 3\nmax_trials = 5\n\n"
+        '[[environment]]\nname = "native"\nkind = "native"\n\n'
+        '[[workload]]\nname = "primes"\nkind = "primes"\nn = 20000\n\n'
+        '[[workload]]\nname = "noop"\nkind = "noop"\n'
+    )
+    plan = parse_plan(text, "adaptive.toml")
+    out = tmp_path / "out"
+    store = open_study(plan, out, resume=False)
+    try:
+        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
+    finally:
+        store.close()
+    assert outcome.exit_code == 0
+    counts: dict[str, int] = {}
+    for _env, workload, _trial in stored_trials(out):
+        counts[workload] = counts.get(workload, 0) + 1
+    assert counts == {"primes": 5, "noop": 3}
