@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from env_bench import environment_table
+from numa_bench import tables as numa_tables
 
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
@@ -79,7 +80,7 @@ def pi_vs_cln(bin_dir: Path, rounds: int) -> list[tuple[str, float, str]]:
         subprocess.run(["pi", "1048576"], stdout=subprocess.DEVNULL, check=True)
         cln.append(time.perf_counter() - started)
     return [
-        ("virtlab pi (MPFR), compute + convert", min(ours), f"{min(cln) / min(ours):.2f}x the speed of CLN"),
+        ("virtlab pi (GMP, Chudnovsky), compute + convert", min(ours), f"{min(cln) / min(ours):.2f}x the speed of CLN"),
         ("Debian pi (CLN), whole process incl. printing", min(cln), "reference"),
     ]
 
@@ -163,6 +164,8 @@ def main() -> None:
         f"### Harness overhead per trial, {args.harness_trials} trials (target: under 50 ms)\n\n"
         + table(harness_overhead(bin_dir, args.harness_trials), "ms per trial"),
         "### Environments: start, boot, exec round trip\n\n" + environment_table(),
+        "### NUMA layout: optimizer, simulator, seed 004's case studies\n\n"
+        + numa_tables(runs=200, migrations=1000, hosts=1000, seed=0),
     ]
     text = BENCH_README.read_text()
     begin, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 DEFAULT_CFLAGS = ("-O3", "-march=native")
 # Kernels that link more than libm; the rest get -lm only.
-_LINK_LIBS: dict[str, tuple[str, ...]] = {"pi": ("-lmpfr", "-lgmp")}
+_LINK_LIBS: dict[str, tuple[str, ...]] = {"pi": ("-lgmp",)}
 _EXTRA_CFLAGS: dict[str, tuple[str, ...]] = {}
 
 
