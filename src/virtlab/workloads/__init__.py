@@ -5,4 +5,18 @@ from virtlab.workloads._base import WORKLOADS, Workload, WorkloadParams, registe
 __all__ = ["WORKLOADS", "Workload", "WorkloadParams", "register_workload"]
 
 # The built-in workloads register themselves on import.
-from virtlab.workloads import blast, cubic_calc, himeno, malloc_access, noop, pi, primes, stream  # noqa: E402, F401
+from virtlab.workloads import (  # noqa: E402, F401
+    blast,
+    cubic_calc,
+    dd,
+    fio,
+    fio_latency,
+    hdparm,
+    himeno,
+    ior,
+    malloc_access,
+    noop,
+    pi,
+    primes,
+    stream,
+)
