@@ -80,7 +80,11 @@ def pi_vs_cln(bin_dir: Path, rounds: int) -> list[tuple[str, float, str]]:
         subprocess.run(["pi", "1048576"], stdout=subprocess.DEVNULL, check=True)
         cln.append(time.perf_counter() - started)
     return [
-        ("virtlab pi (GMP, Chudnovsky), compute + convert", min(ours), f"{min(cln) / min(ours):.2f}x the speed of CLN"),
+        (
+            "virtlab pi (GMP, Chudnovsky), compute + convert",
+            min(ours),
+            f"{min(cln) / min(ours):.2f}x the speed of CLN",
+        ),
         ("Debian pi (CLN), whole process incl. printing", min(cln), "reference"),
     ]
 

@@ -1,4 +1,4 @@
-"""pi to 2^20 decimals with GMP (Chudnovsky, binary splitting), the "SuperPI m-20" figure in seconds (seed 000 section 4.2)."""
+"""pi to 2^20 decimals with GMP (Chudnovsky), the "SuperPI m-20" figure in seconds (seed 000 4.2)."""
 
 from __future__ import annotations
 
