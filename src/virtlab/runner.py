@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
+from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import write_outputs
 from virtlab.plan import Plan, WorkloadSpec
 from virtlab.progress import ProgressSink
@@ -281,8 +282,13 @@ class StudyRunner:
         environment = self.environments[task.environment]
         workload = self.workloads[task.workload].workload
         started = time.time()
+        context: dict[str, Any] = {}
         try:
+            if workload.cache_sensitive:
+                context["host_cache"] = drop_host_caches()
+            steal_before = _steal(environment)
             samples = self._measure(environment, workload)
+            steal_after = _steal(environment)
         except TrialFailure as failure:
             self.outcome.failed_cells.add(task.cell)
             self.store.add_failure(
@@ -294,6 +300,9 @@ class StudyRunner:
             return
         if task.trial is not None:
             elapsed = time.time() - started
+            if steal_before is not None and steal_after is not None:
+                context["steal_s"] = round(steal_after - steal_before, 3)
+            samples = [replace(sample, metadata={**sample.metadata, **context}) for sample in samples]
             self.store.add_trial(
                 TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
             )
@@ -315,6 +324,14 @@ class StudyRunner:
             return workload.parse(result.stdout)
         except ParseError as error:
             raise TrialFailure(f"output not understood: {error}", result.log()) from None
+
+
+def _steal(environment: Environment) -> float | None:
+    """Steal time seen inside the environment; a failure to read it never fails the trial."""
+    try:
+        return environment.steal_s()
+    except (EnvironmentError_, OSError):
+        return None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -115,6 +115,13 @@ class Environment(ABC):
     @abstractmethod
     def copy_out(self, source: str, destination: Path) -> None: ...
 
+    def steal_s(self) -> float | None:
+        """CPU time stolen from this environment so far (the steal column of /proc/stat as seen
+        inside), or None where it cannot be read. The runner takes the difference around each
+        trial: a hypervisor that lends the CPU elsewhere shows up here, not in the workload."""
+        result = self.run(["cat", "/proc/stat"], timeout_s=15)
+        return steal_seconds(result.stdout) if result.ok else None
+
     def environment_samples(self) -> list[Sample]:
         """Figures of the environment itself, measured once per provisioning (set-up time;
         a VM adds its boot time). The runner stores them as the cells of ``SETUP_WORKLOAD``."""
@@ -125,6 +132,19 @@ class Environment(ABC):
     def manifest(self) -> dict[str, Any]:
         """What this environment looks like from inside (CPU, memory, kernel, limits, ...)."""
         return {"kind": self.kind, "provision_s": self.provision_s}
+
+
+def steal_seconds(proc_stat: str, ticks_per_s: int = 100) -> float | None:
+    """The steal time of the aggregate ``cpu`` line of /proc/stat, in seconds (USER_HZ is 100
+    on every Linux architecture virtlab runs on)."""
+    for line in proc_stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu" and len(fields) > 8:
+            try:
+                return int(fields[8]) / ticks_per_s
+            except ValueError:
+                return None
+    return None
 
 
 ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", entry_point_group="virtlab.environments")

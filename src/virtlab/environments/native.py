@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from virtlab.environments._base import (
     Environment,
     EnvironmentOptions,
     register_environment,
+    steal_seconds,
 )
 from virtlab.environments._process import run_process
 
@@ -44,6 +46,13 @@ class NativeEnvironment(Environment):
 
     def _delete(self) -> None:
         pass
+
+    def steal_s(self) -> float | None:
+        try:
+            text = Path("/proc/stat").read_text()
+        except OSError:
+            return None
+        return steal_seconds(text, os.sysconf("SC_CLK_TCK"))
 
     def copy_in(self, source: Path, destination: str) -> None:
         shutil.copy2(source, destination)

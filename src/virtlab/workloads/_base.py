@@ -32,6 +32,9 @@ class Workload(ABC):
     """C kernels (file stems in virtlab/native) the command runs."""
     tools: ClassVar[tuple[str, ...]] = ()
     """Programs the command expects on PATH inside the environment."""
+    cache_sensitive: ClassVar[bool] = False
+    """Storage workloads: the runner drops the host's page cache before each trial, so that a
+    VM's virtual disk is not read from the host's memory (the guest drops its own)."""
 
     def __init__(self, params: WorkloadParams | None = None) -> None:
         self.params = params if params is not None else self.Params()

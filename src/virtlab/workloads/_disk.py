@@ -91,6 +91,7 @@ class DiskWorkload(Workload):
     """A workload that writes files in ``directory`` through the diskio kernel."""
 
     kernels: ClassVar[tuple[str, ...]] = (KERNEL,)
+    cache_sensitive: ClassVar[bool] = True
     params: DiskParams
 
     @property
