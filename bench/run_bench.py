@@ -21,6 +21,7 @@ from pathlib import Path
 
 from env_bench import environment_table
 from numa_bench import tables as numa_tables
+from sampler_bench import sampler_table
 
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
@@ -168,6 +169,7 @@ def main() -> None:
         f"### Harness overhead per trial, {args.harness_trials} trials (target: under 50 ms)\n\n"
         + table(harness_overhead(bin_dir, args.harness_trials), "ms per trial"),
         "### Environments: start, boot, exec round trip\n\n" + environment_table(),
+        "### CPU-usage sampler's own cost\n\n" + sampler_table(seconds=10.0, qemu=True),
         "### NUMA layout: optimizer, simulator, seed 004's case studies\n\n"
         + numa_tables(runs=200, migrations=1000, hosts=1000, seed=0),
     ]
