@@ -283,3 +283,32 @@ def test_with_threads_blastn_gets_num_threads(kernel_build, tmp_path):
     assert SEED_OPTIONS + " -out result.txt -num_threads 2\n" in done.stderr
     [sample] = Blast(BlastParams(**SMALL, num_threads=2)).parse(done.stdout)
     assert sample.metadata["hits"] == HITS
+
+
+@pytest.mark.slow
+def test_blast_runs_the_same_in_native_and_a_container(tmp_path, guest_image):
+    """The guest userland carries ncbi-blast+, so the very same run works in a container."""
+    import json
+
+    from virtlab.plan import parse_plan
+    from virtlab.progress import SilentProgress
+    from virtlab.runner import StudyRunner, open_study, preflight
+
+    params = "\n".join(f"{key} = {value}" for key, value in SMALL.items())
+    plan = parse_plan(
+        '[study]\nname = "blast"\ntrials = 1\nwarmups = 0\n'
+        '[[environment]]\nname = "native"\nkind = "native"\n'
+        '[[environment]]\nname = "container"\nkind = "container"\n'
+        f'[[workload]]\nname = "blast"\nkind = "blast"\n{params}\n',
+        "blast.toml",
+    )
+    store = open_study(plan, tmp_path / "out", resume=False)
+    try:
+        outcome = StudyRunner(plan, tmp_path / "out", store, preflight(plan), SilentProgress()).run()
+    finally:
+        store.close()
+    assert outcome.exit_code == 0
+    cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    blast = {c["environment"]: c for c in cells if c["workload"] == "blast"}
+    assert set(blast) == {"native", "container"}
+    assert all(c["value"] > 0 for c in blast.values())

@@ -45,7 +45,7 @@ DEFAULT_SOURCE_DATE_EPOCH = 1686355200  # 2023-06-10, Debian 12 "bookworm" relea
 
 DEFAULT_PACKAGES = (
     "fio", "iperf3", "nuttcp", "sysbench", "hdparm", "openssh-server", "qemu-guest-agent",
-    "libgmp10", "libmpfr6", "iproute2", "procps", "kmod", "util-linux",
+    "libgmp10", "libmpfr6", "iproute2", "procps", "kmod", "util-linux", "ncbi-blast+",
 )  # fmt: skip
 # Drivers the initramfs loads: QEMU's virtio devices, the emulated disk and NIC models the studies
 # compare with them, and the root file system's (built into cloud-amd64, modules in amd64; jbd2
