@@ -24,7 +24,7 @@ fi
 stamp=.venv/.virtlab-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[dev]'
+    .venv/bin/pip install -q -e '.[dev,libvirt]'
     touch "$stamp"
 fi
 # Build the C kernels now, so that the first study does not pay for it.

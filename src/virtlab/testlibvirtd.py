@@ -1,0 +1,302 @@
+"""A real, private libvirtd for tests: Debian's own daemon, started without systemd and without
+touching the host's libvirt state::
+
+    with TestLibvirtd() as daemon:
+        daemon.uri          # qemu+unix:///system?socket=<dir>/run/libvirt-sock
+        daemon.processes()  # libvirtd and the QEMUs it started
+        daemon.log()        # the tail of its log
+
+Debian 12 ships the monolithic ``/usr/sbin/libvirtd`` (no modular ``virtqemud``), and a root
+libvirtd keeps its state under fixed paths (``/etc/libvirt``, ``/run/libvirt``,
+``/var/{lib,cache,log}/libvirt``). So it runs in a mount namespace of its own (``unshare
+--mount``) where a private directory is bound over each of those: it is the stock daemon of the
+``qemu:///system`` driver, yet two test sessions (or a host's own libvirtd) never share a socket,
+a domain list or a lock. Only ``/var/cache/libvirt`` is shared between them, kept under
+virtlab's cache: libvirtd probes each QEMU binary's capabilities once (about 8 s under TCG here)
+and rewrites that cache atomically. Its configuration differs from Debian's in two lines: no
+authentication on its (private, 0700) socket, and ``stdio_handler = "file"``, since virtlogd is
+socket-activated by systemd on Debian and there is no systemd here.
+
+The daemon gets SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG). ``stop`` ends it,
+then the QEMUs of domains still running, and removes the cgroups libvirt made for them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from virtlab.build import cache_root
+
+LIBVIRTD = "/usr/sbin/libvirtd"
+TOOLS = {LIBVIRTD: "libvirt-daemon-system", "unshare": "util-linux", "mount": "mount",
+         "qemu-system-x86_64": "qemu-system-x86"}  # fmt: skip
+# Where a root libvirtd keeps its state -> the private directory bound over it.
+STATE_DIRS = {
+    "/etc/libvirt": "etc",
+    "/run/libvirt": "run",
+    "/var/lib/libvirt": "lib",
+    "/var/cache/libvirt": "cache",
+    "/var/log/libvirt": "log",
+}
+LIBVIRTD_CONF = """\
+# virtlab's test daemon: its socket lives in a private 0700 directory, so no authentication.
+unix_sock_group = "root"
+unix_sock_rw_perms = "0700"
+unix_sock_ro_perms = "0700"
+unix_sock_admin_perms = "0700"
+auth_unix_rw = "none"
+auth_unix_ro = "none"
+log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
+"""
+# Debian's default "logd" needs virtlogd, which only systemd's socket activation starts there.
+QEMU_CONF = 'stdio_handler = "file"\n'
+_START_TIMEOUT_S = 30.0
+_STOP_GRACE_S = 15.0
+_PR_SET_PDEATHSIG = 1
+# Bind the private directories, then become libvirtd (same pid: the death signal stays armed).
+_START_SCRIPT = r"""
+set -e
+for pair in "$@"; do
+    target=${pair%%=*}; source=${pair#*=}
+    mkdir -p "$target"
+    mount --bind "$source" "$target"
+done
+exec /usr/sbin/libvirtd --pid-file /run/libvirt/libvirtd.pid
+"""
+
+
+class TestLibvirtdError(RuntimeError):
+    pass
+
+
+def missing_tools() -> dict[str, str]:
+    """Programs a test libvirtd needs and does not find: program -> Debian package."""
+    return {
+        tool: package
+        for tool, package in TOOLS.items()
+        if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))
+    }
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _arm_death_signal() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class TestLibvirtd:
+    """A private libvirtd in a mount namespace of its own; see the module doc."""
+
+    # Not a test class, whatever pytest's collector thinks of the name.
+    __test__ = False
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        keep: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``directory``: where its state goes (default a fresh temporary one, removed by ``stop``
+        unless ``keep``); ``cache_dir``: its /var/cache/libvirt (default under virtlab's cache)."""
+        self._given_dir = Path(directory) if directory is not None else None
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_root() / "testlibvirtd" / "cache"
+        self.keep = keep or directory is not None
+        self.dir: Path | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._mount_ns: int | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        if self.dir is None:
+            raise TestLibvirtdError("the test libvirtd is not running")
+        return self.dir / "run" / "libvirt-sock"
+
+    @property
+    def uri(self) -> str:
+        return f"qemu+unix:///system?socket={self.socket_path}"
+
+    @property
+    def log_path(self) -> Path:
+        if self.dir is None:
+            raise TestLibvirtdError("the test libvirtd is not running")
+        return self.dir / "log" / "libvirtd.log"
+
+    def log(self, limit: int = 5_000) -> str:
+        """The tails of libvirtd's log and of what it printed."""
+        if self.dir is None:
+            return ""
+        parts = []
+        for path in (self.log_path, self.dir / "libvirtd.out"):
+            text = _read(path)
+            if text.strip():
+                parts.append(f"--- {path} ---\n{text[-limit:]}")
+        return "\n".join(parts)
+
+    def domain_log(self, domain: str) -> str:
+        """What libvirtd and QEMU wrote about one domain (its /var/log/libvirt/qemu/<name>.log)."""
+        return _read(self.dir / "log" / "qemu" / f"{domain}.log") if self.dir else ""
+
+    # -- life cycle ----------------------------------------------------------------------
+    def start(self) -> TestLibvirtd:
+        if os.geteuid() != 0:
+            raise TestLibvirtdError(
+                "a system-mode libvirtd (qemu:///system) and its mount namespace need root"
+            )
+        missing = missing_tools()
+        if missing:
+            packages = " ".join(sorted(set(missing.values())))
+            raise TestLibvirtdError(f"missing {', '.join(sorted(missing))}: apt-get install {packages}")
+        self.dir = self._given_dir or Path(tempfile.mkdtemp(prefix="virtlab-libvirtd-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        sources = {target: self.dir / name for target, name in STATE_DIRS.items()}
+        sources["/var/cache/libvirt"] = self.cache_dir
+        for source in sources.values():
+            source.mkdir(parents=True, exist_ok=True)
+        (self.dir / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
+        (self.dir / "etc" / "qemu.conf").write_text(QEMU_CONF)
+        self.socket_path.unlink(missing_ok=True)
+        pairs = [f"{target}={source}" for target, source in sources.items()]
+        argv = ["unshare", "--mount", "--propagation", "private",
+                "sh", "-c", _START_SCRIPT, "start-libvirtd", *pairs]  # fmt: skip
+        with open(self.dir / "libvirtd.out", "wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_arm_death_signal,
+            )  # fmt: skip
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise TestLibvirtdError(
+                    f"libvirtd exited with status {self.process.returncode} while starting\n{self.log()}"
+                )
+            if self._answers():
+                break
+            if time.monotonic() > deadline:
+                raise TestLibvirtdError(
+                    f"libvirtd did not answer within {_START_TIMEOUT_S:g} s\n{self.log()}"
+                )
+            time.sleep(0.05)
+        self._mount_ns = os.stat(f"/proc/{self.process.pid}/ns/mnt").st_ino
+
+    def _answers(self) -> bool:
+        try:
+            import libvirt
+        except ImportError:  # the socket accepting is as far as this check goes without the binding
+            with socket.socket(socket.AF_UNIX) as sock:
+                try:
+                    sock.connect(str(self.socket_path))
+                except OSError:
+                    return False
+            return True
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+        try:
+            conn = libvirt.open(self.uri)
+        except libvirt.libvirtError:
+            return False
+        try:
+            conn.getLibVersion()
+            return True
+        except libvirt.libvirtError:
+            return False
+        finally:
+            conn.close()
+
+    def processes(self) -> list[int]:
+        """PIDs of libvirtd and of the QEMUs it started.
+
+        libvirt gives each QEMU a mount namespace of its own (qemu.conf ``namespaces``), copied
+        from the daemon's: a QEMU is this daemon's when its /run/libvirt is this daemon's
+        private directory.
+        """
+        if self._mount_ns is None or self.dir is None:
+            return []
+        run_dir = f"/{self.dir.name}/run"
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.stat(entry / "ns" / "mnt").st_ino == self._mount_ns:
+                    pids.append(int(entry.name))
+                elif os.path.basename(os.readlink(entry / "exe")).startswith("qemu-system"):
+                    for line in (entry / "mountinfo").read_text().splitlines():
+                        root, mount_point = line.split()[3:5]
+                        if mount_point == "/run/libvirt" and root.endswith(run_dir):
+                            pids.append(int(entry.name))
+                            break
+            except (OSError, ValueError):
+                continue  # ended while we looked
+        return sorted(pids)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self.process = None
+        self._kill_leftovers()
+        self._mount_ns = None
+        if self.dir is not None and not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
+
+    def _kill_leftovers(self) -> None:
+        """QEMUs of domains nobody destroyed outlive libvirtd: end them, then their cgroups."""
+        pids = self.processes()
+        cgroups: set[Path] = set()
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                    _, controllers, path = line.split(":", 2)
+                    if path.endswith(".libvirt-qemu") or ".libvirt-qemu/" in path:
+                        head = path.split(".libvirt-qemu")[0] + ".libvirt-qemu"
+                        for controller in controllers.split(",") if controllers else ["unified"]:
+                            cgroups.add(
+                                Path("/sys/fs/cgroup") / controller.replace("name=", "") / head.lstrip("/")
+                            )
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for group in sorted(cgroups, key=lambda p: len(p.parts), reverse=True):
+            for sub in sorted(group.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+                try:
+                    sub.rmdir()
+                except OSError:
+                    pass
+
+    def __enter__(self) -> TestLibvirtd:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

@@ -1,0 +1,416 @@
+"""The libvirt environment: the domain XML on fixed options, then a real libvirtd and a real domain.
+
+The daemon is Debian's libvirtd, started by the test in a mount namespace of its own
+(``virtlab.testlibvirtd``); one TCG domain serves most assertions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from virtlab.environments import ENVIRONMENTS, EnvironmentError_
+from virtlab.environments.libvirt import (
+    AGENT_CHANNEL,
+    OWNER_NAMESPACE,
+    DomainFiles,
+    LibvirtEnvironment,
+    LibvirtOptions,
+    Owner,
+    cleanup_leftovers,
+    domain_name,
+    domain_xml,
+    is_local,
+    memory_placement,
+)
+from virtlab.environments.vm import CONSOLE_LOG, PORTABLE_MARCH, VmOptions, kernel_cmdline
+from virtlab.image import INITRAMFS_ERROR_MARKER
+from virtlab.workloads.primes import Primes
+
+FILES = DomainFiles(
+    kernel="/img/vmlinuz", initrd="/img/initrd.img", disk="/w/disk.qcow2", console="/w/console.log"
+)
+HAS_BINDING = importlib.util.find_spec("libvirt") is not None
+needs_binding = pytest.mark.skipif(not HAS_BINDING, reason="libvirt-python is not installed")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a system libvirtd and the guest image need root")
+OWNER = Owner(pid=4242, start=777, host="lab-host", boot_id="b00t", workdir="/w", disk="/w/disk.qcow2")
+
+
+def xml_of(accelerator: str = "tcg", name: str = "virtlab-t-1", **kwargs) -> ET.Element:
+    extra = {key: kwargs.pop(key) for key in ("owner", "host_cells", "dac_label", "title") if key in kwargs}
+    text = domain_xml(
+        LibvirtOptions(**kwargs), name=name, accelerator=accelerator, files=FILES, cmdline="console=ttyS0",
+        **extra,
+    )  # fmt: skip
+    return ET.fromstring(text)
+
+
+def disks(domain: ET.Element) -> list[dict[str, str | None]]:
+    return [
+        {
+            "type": disk.get("type"),
+            "format": disk.find("driver").get("type"),
+            "cache": disk.find("driver").get("cache"),
+            "source": disk.find("source").get("file") or disk.find("source").get("dev"),
+            "dev": disk.find("target").get("dev"),
+            "bus": disk.find("target").get("bus"),
+            "unit": disk.find("address").get("unit") if disk.find("address") is not None else None,
+            "ide_bus": disk.find("address").get("bus") if disk.find("address") is not None else None,
+        }
+        for disk in domain.iterfind("devices/disk")
+    ]
+
+
+# --------------------------------------------------------------------------
+# the domain XML, on fixed options
+# --------------------------------------------------------------------------
+
+
+def test_registered_lazily_as_libvirt():
+    assert ENVIRONMENTS.get("libvirt") is LibvirtEnvironment
+    assert LibvirtOptions().uri == "qemu:///system"
+    assert isinstance(LibvirtOptions(), VmOptions)
+
+
+def test_q35_virtio_blk_qcow2_under_tcg():
+    domain = xml_of(vcpus=2, memory_mb=2048, image_format="qcow2", disk_cache="writeback")
+    assert domain.tag == "domain" and domain.get("type") == "qemu"
+    assert domain.findtext("name") == "virtlab-t-1"
+    assert domain.find("memory").attrib == {"unit": "MiB"} and domain.findtext("memory") == "2048"
+    assert domain.findtext("vcpu") == "2"
+    assert domain.find("os/type").attrib == {"arch": "x86_64", "machine": "q35"}
+    assert domain.findtext("os/type") == "hvm"
+    assert (
+        domain.findtext("os/kernel") == "/img/vmlinuz" and domain.findtext("os/initrd") == "/img/initrd.img"
+    )
+    assert domain.findtext("os/cmdline") == "console=ttyS0"
+    assert domain.find("features/acpi") is not None
+    assert domain.find("cpu").get("mode") == "maximum"  # QEMU's -cpu max, as the vm environment's TCG
+    assert [domain.findtext(e) for e in ("on_poweroff", "on_reboot", "on_crash")] == ["destroy"] * 3
+    assert disks(domain) == [
+        {"type": "file", "format": "qcow2", "cache": "writeback", "source": "/w/disk.qcow2", "dev": "vda",
+         "bus": "virtio", "unit": None, "ide_bus": None},
+    ]  # fmt: skip
+    assert domain.find("devices/interface").get("type") == "user"
+    assert domain.find("devices/interface/model").get("type") == "virtio"
+    serial = domain.find("devices/serial")
+    assert serial.get("type") == "file" and serial.find("source").get("path") == "/w/console.log"
+    channel = domain.find("devices/channel")
+    assert channel.get("type") == "unix" and channel.find("source").get("mode") == "bind"
+    assert channel.find("target").attrib == {"type": "virtio", "name": AGENT_CHANNEL}
+    assert domain.find("devices/memballoon").get("model") == "none"
+    assert domain.find("cputune") is None and domain.find("numatune") is None
+    assert domain.find("cpu/numa") is None and domain.find("seclabel") is None
+
+
+def test_kvm_gets_the_host_cpu_and_a_named_model_stays():
+    domain = xml_of("kvm")
+    assert domain.get("type") == "kvm" and domain.find("cpu").get("mode") == "host-passthrough"
+    custom = xml_of("kvm", cpu_model="Skylake-Server").find("cpu")
+    assert custom.get("mode") == "custom" and custom.findtext("model") == "Skylake-Server"
+
+
+def test_virtio_scsi_has_its_controller():
+    domain = xml_of(disk_bus="virtio-scsi", block_device="/dev/sdz", image_format="raw")
+    controllers = [c.attrib for c in domain.iterfind("devices/controller") if c.get("type") == "scsi"]
+    assert controllers == [{"type": "scsi", "index": "0", "model": "virtio-scsi"}]
+    assert [(d["type"], d["format"], d["source"], d["dev"], d["bus"], d["unit"]) for d in disks(domain)] == [
+        ("file", "raw", "/w/disk.qcow2", "sda", "scsi", "0"),
+        ("block", "raw", "/dev/sdz", "sdb", "scsi", "1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("machine", "expected"),
+    [
+        ("q35", [("sda", "sata", "0"), ("sdb", "sata", "1")]),
+        ("pc", [("hda", "ide", "0"), ("hdc", "ide", "1")]),
+    ],
+)
+def test_ide_is_sata_on_q35_and_one_disk_per_channel_on_pc(machine, expected):
+    domain = xml_of(machine=machine, disk_bus="ide", block_device="/dev/sdz")
+    found = [(d["dev"], d["bus"], d["unit"] if machine == "q35" else d["ide_bus"]) for d in disks(domain)]
+    assert found == expected
+    assert "virtlab.root=/dev/sda" in kernel_cmdline(LibvirtOptions(machine=machine, disk_bus="ide"), "tcg")
+
+
+def test_e1000_and_no_nic():
+    assert xml_of(nic="e1000").find("devices/interface/model").get("type") == "e1000"
+    assert xml_of(nic="none").find("devices/interface") is None
+
+
+def test_pinning_and_numa_cells_with_memory_following_the_vcpus():
+    two_nodes = [[0, 1], [2, 3]]
+    domain = xml_of(vcpus=4, memory_mb=2048, numa_nodes=2, pin=[3, 2, 1, 0], host_cells=two_nodes)
+    pins = [(p.get("vcpu"), p.get("cpuset")) for p in domain.iterfind("cputune/vcpupin")]
+    assert pins == [("0", "3"), ("1", "2"), ("2", "1"), ("3", "0")]
+    cells = [c.attrib for c in domain.iterfind("cpu/numa/cell")]
+    assert cells == [
+        {"id": "0", "cpus": "0-1", "memory": "1024", "unit": "MiB"},
+        {"id": "1", "cpus": "2-3", "memory": "1024", "unit": "MiB"},
+    ]
+    assert domain.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "0,1"}
+    memnodes = [(m.get("cellid"), m.get("nodeset")) for m in domain.iterfind("numatune/memnode")]
+    assert memnodes == [("0", "1"), ("1", "0")]  # cell 0's vCPUs run on host node 1
+
+
+def test_memory_placement():
+    assert memory_placement(VmOptions(), [[0, 1]]) is None  # nothing to place
+    assert memory_placement(VmOptions(vcpus=2, numa_nodes=2), None) is None  # host unknown
+    assert memory_placement(VmOptions(vcpus=4, numa_nodes=4), [[0], [1]]) == [0, 1, 0, 1]
+    assert memory_placement(VmOptions(vcpus=1, pin=[1]), [[0], [1]]) == [1]
+    assert memory_placement(VmOptions(vcpus=1, pin=[9]), [[0], [1]]) == [0]  # a CPU no node lists
+
+
+def test_names_and_text_are_escaped():
+    name = "virtlab-a<&>'\"b-1"
+    text = domain_xml(
+        LibvirtOptions(kernel_args=("x=<&>",)), name=name, accelerator="tcg", files=FILES,
+        cmdline="console=ttyS0 x=<&>", title="env <&>",
+    )  # fmt: skip
+    assert "<&>" not in text and "&lt;&amp;&gt;" in text
+    domain = ET.fromstring(text)
+    assert domain.findtext("name") == name and domain.findtext("title") == "env <&>"
+    assert domain.findtext("os/cmdline") == "console=ttyS0 x=<&>"
+    assert domain_name("a/b c<&>", "1234") == "virtlab-a_b_c<&>-1234"
+
+
+def test_owner_metadata_round_trips():
+    domain = xml_of(owner=OWNER, dac_label="+0:+0")
+    owner = domain.find(f"metadata/{{{OWNER_NAMESPACE}}}owner")
+    assert owner.get("pid") == "4242" and owner.get("host") == "lab-host"
+    assert Owner.from_xml(ET.tostring(owner, encoding="unicode")) == OWNER
+    assert Owner.from_xml("<owner/>") is None and Owner.from_xml("not xml") is None
+    seclabel = domain.find("seclabel")
+    assert seclabel.attrib == {"type": "static", "model": "dac", "relabel": "no"}
+    assert seclabel.findtext("label") == "+0:+0"
+
+
+def test_options_are_checked():
+    with pytest.raises(ValidationError, match="microvm"):
+        LibvirtOptions(machine="microvm")
+    with pytest.raises(ValidationError, match="qemu"):
+        LibvirtOptions(uri="xen:///system")
+    with pytest.raises(ValidationError, match="pin names 1 host CPUs for 2 vCPUs"):
+        LibvirtOptions(vcpus=2, pin=[0])
+    with pytest.raises(ValidationError, match="extra"):
+        LibvirtOptions(nonsense=1)
+    assert LibvirtOptions(uri="qemu+ssh://root@lab-host/system").uri.startswith("qemu+ssh")
+    assert is_local("qemu:///system") and is_local("qemu+unix:///system?socket=/x/sock")
+    assert not is_local("qemu+ssh://root@lab-host/system")
+
+
+@needs_binding
+def test_preflight_names_the_binding_and_its_build_dependencies(monkeypatch):
+    assert LibvirtEnvironment.preflight(LibvirtOptions(uri="qemu+ssh://h/system"), ()) == []
+    monkeypatch.setitem(sys.modules, "libvirt", None)  # "not installed"
+    (problem,) = LibvirtEnvironment.preflight(LibvirtOptions(uri="qemu+ssh://h/system"), ())
+    assert "pip install" in problem and "libvirt-python" in problem and "libvirt-dev pkg-config" in problem
+
+
+# --------------------------------------------------------------------------
+# a real libvirtd and a real domain
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def libvirtd():
+    from virtlab.testlibvirtd import TestLibvirtd, TestLibvirtdError
+
+    if os.geteuid() != 0:
+        pytest.skip("a system libvirtd and the guest image need root")
+    daemon = TestLibvirtd()
+    try:
+        daemon.start()
+    except TestLibvirtdError as error:
+        pytest.skip(f"the test libvirtd cannot start here: {error}")
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def conn(libvirtd):
+    libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed")
+    connection = libvirt.open(libvirtd.uri)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(scope="module")
+def vm(libvirtd, conn, guest_image, kernel_build, tmp_path_factory):
+    """One domain for most assertions: 1 vCPU pinned to host CPU 0, a qcow2 disk."""
+    options = LibvirtOptions(uri=libvirtd.uri, vcpus=1, memory_mb=1024, pin=[0], image_format="qcow2")
+    env = LibvirtEnvironment("shared", options, tmp_path_factory.mktemp("libvirt"))
+    try:
+        env.provision(kernel_build)
+    except EnvironmentError_ as error:
+        raise AssertionError(f"{error}\n{error.log}\n{libvirtd.log()}") from error
+    yield env
+    env.teardown()
+
+
+def qemu_of(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"guest={name},".encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+@needs_root
+@pytest.mark.slow
+def test_boots_and_runs_primes(vm):
+    print(f"libvirt domain: boot {vm.boot_s:.2f} s, provision {vm.provision_s:.2f} s, {vm.accelerator}")
+    assert vm.boot_s is not None and vm.boot_s < 30
+    provision, boot = vm.environment_samples()
+    assert (boot.metric, boot.value, provision.metric) == ("boot_s", vm.boot_s, "provision_s")
+    primes = Primes.from_mapping({"n": 100_000})
+    result = vm.run(primes.command(vm.bin_dir), timeout_s=60)
+    assert result.ok, result.log()
+    samples = primes.parse(result.stdout)
+    assert {s.metric for s in samples} == {"real_s", "user_s", "sys_s"}
+    assert samples[0].metadata["count"] == 9592
+    print(f"primes n=100000 through qemuAgentCommand: {result.elapsed_s:.2f} s")
+
+
+@needs_root
+@pytest.mark.slow
+def test_exit_status_stderr_and_a_missing_program(vm):
+    result = vm.run(["sh", "-c", "echo to-out; echo to-err >&2; exit 3"], timeout_s=30)
+    assert (result.exit_code, result.stdout, result.stderr.split("\n")[0]) == (3, "to-out\n", "to-err")
+    assert not result.timed_out and not result.ok
+    missing = vm.run(["/no/such/program"], timeout_s=30)
+    assert missing.exit_code == 127 and "/no/such/program" in missing.stderr
+
+
+@needs_root
+@pytest.mark.slow
+def test_timeout_is_reported_and_the_vm_stays_usable(vm):
+    started = time.monotonic()
+    result = vm.run(["sh", "-c", "echo started; sleep 61 & sleep 61; echo never"], timeout_s=1.5)
+    assert result.timed_out and not result.ok and result.stdout == "started\n"
+    assert time.monotonic() - started < 15
+    left = vm.run(["pgrep", "-f", "sleep 61"], timeout_s=30)
+    assert left.exit_code == 1, f"the timed-out command's children were left running: {left.stdout}"
+    timings = sorted(vm.run(["true"], timeout_s=30).elapsed_s for _ in range(5))
+    print(f"guest-exec round trip of `true` through libvirt: median {timings[2] * 1000:.0f} ms")
+
+
+@needs_root
+@pytest.mark.slow
+def test_vcpu_is_pinned(vm):
+    pins = vm.domain.vcpuPinInfo()
+    assert len(pins) == 1 and pins[0][0] and not any(pins[0][1:])  # vCPU 0 on host CPU 0 only
+    (thread,) = vm.vcpu_threads
+    status = Path(f"/proc/{vm.qemu_pid}/task/{thread}/status").read_text()
+    allowed = next(line for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+    assert allowed.split()[-1] == "0"
+
+
+@needs_root
+@pytest.mark.slow
+def test_manifest(vm, libvirtd):
+    from virtlab.accel import probe_kvm
+
+    manifest = vm.manifest()
+    assert manifest["kind"] == "libvirt" and manifest["uri"] == libvirtd.uri
+    if not probe_kvm().kvm_usable:  # this project's hosts: nested KVM fails
+        assert manifest["accelerator"] == "tcg" and "KVM" in manifest["accelerator_reason"]
+        assert ET.fromstring(manifest["domain_xml"]).get("type") == "qemu"
+        assert manifest["kernels"]["cflags"] == f"-O3 {PORTABLE_MARCH}"
+        assert manifest["qemu_argv"][manifest["qemu_argv"].index("-accel") + 1] == "tcg"
+    assert manifest["libvirt"]["daemon_version"] == manifest["libvirt"]["library_version"] == "9.0.0"
+    assert manifest["domain"]["machine"].startswith("pc-q35-")
+    assert ET.fromstring(manifest["domain_xml"]).findtext("name") == vm.domain_name
+    assert manifest["cores"] == 1 and 900 * 2**20 < manifest["memory_bytes"] <= 1024 * 2**20
+    assert manifest["storage"]["format"] == "qcow2" and "/block/vda" in manifest["storage"]["root_sysfs"]
+    assert manifest["network"]["guest_driver"] == "virtio_net"
+    assert Path(manifest["console_log"]).parent == vm.workdir
+
+
+@needs_root
+@pytest.mark.slow
+def test_teardown_leaves_no_domain_and_no_qemu(vm, conn):
+    name, disk = vm.domain_name, vm.workdir / "disk.qcow2"
+    assert [d.name() for d in conn.listAllDomains()] == [name] and qemu_of(name) and disk.exists()
+    vm.teardown()
+    assert conn.listAllDomains() == []
+    assert qemu_of(name) == []
+    assert not disk.exists() and (vm.workdir / CONSOLE_LOG).exists()
+    vm.teardown()  # twice is harmless
+
+
+@needs_root
+def test_a_domain_libvirt_refuses_fails_with_its_xml(libvirtd, conn, guest_image, kernel_build, tmp_path):
+    options = LibvirtOptions(uri=libvirtd.uri, cpu_model="no-such-cpu-model")
+    env = LibvirtEnvironment("refused", options, tmp_path)
+    with pytest.raises(EnvironmentError_, match="libvirt refused the domain") as caught:
+        env.provision(kernel_build)
+    assert '<model fallback="forbid">no-such-cpu-model</model>' in caught.value.log
+    assert conn.listAllDomains() == [] and not (tmp_path / "disk.raw").exists()
+
+
+@needs_root
+@pytest.mark.slow
+def test_unbootable_guest_ends_the_domain_and_fails_with_its_console(libvirtd, conn, kernel_build, tmp_path):
+    options = LibvirtOptions(
+        uri=libvirtd.uri, kernel_args=["virtlab.root=/dev/nowhere", "virtlab.rootwait=1"]
+    )
+    env = LibvirtEnvironment("broken", options, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(EnvironmentError_, match="the domain ended before the guest answered") as caught:
+        env.provision(kernel_build)
+    assert time.monotonic() - started < 60  # ended by the guest's panic (on_reboot=destroy), not a timeout
+    assert INITRAMFS_ERROR_MARKER in caught.value.log and "/dev/nowhere" in caught.value.log
+    assert conn.listAllDomains() == [] and not (tmp_path / "disk.raw").exists()
+
+
+@needs_binding
+def test_an_unreachable_daemon_is_a_runtime_failure(tmp_path, kernel_build):
+    env = LibvirtEnvironment(
+        "x", LibvirtOptions(uri=f"qemu+unix:///system?socket={tmp_path}/no.sock"), tmp_path
+    )
+    with pytest.raises(EnvironmentError_, match="cannot be reached"):
+        env.provision(kernel_build)
+
+
+@needs_root
+def test_cleanup_destroys_domains_whose_owner_died(libvirtd, conn):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = Owner.current()
+    owners = {
+        "virtlab-orphan-1": Owner(dead.pid, me.start, me.host, me.boot_id),
+        "virtlab-rebooted-1": Owner(me.pid, me.start, me.host, "an-earlier-boot"),
+        "virtlab-running-1": me,
+        "virtlab-elsewhere-1": Owner(dead.pid, None, "another-machine", None),
+        "not-virtlab-1": Owner(dead.pid, me.start, me.host, me.boot_id),
+    }
+    for name, owner in owners.items():
+        # No disk and no kernel: the firmware finds nothing to boot and waits, which is all this needs.
+        element = ET.Element("domain", type="qemu")
+        ET.SubElement(element, "name").text = name
+        ET.SubElement(element, "metadata").append(owner.element())
+        ET.SubElement(element, "memory", unit="MiB").text = "32"
+        ET.SubElement(ET.SubElement(element, "os"), "type").text = "hvm"
+        conn.createXML(ET.tostring(element, encoding="unicode"), 0)
+    try:
+        destroyed = cleanup_leftovers(libvirtd.uri)
+        assert sorted(destroyed) == ["virtlab-orphan-1", "virtlab-rebooted-1"]
+        remaining = sorted(d.name() for d in conn.listAllDomains())
+        assert remaining == ["not-virtlab-1", "virtlab-elsewhere-1", "virtlab-running-1"]
+    finally:
+        with ThreadPoolExecutor() as pool:  # a destroy waits about a second for QEMU's end here
+            list(pool.map(lambda domain: domain.destroy(), conn.listAllDomains()))
