@@ -67,14 +67,22 @@ class RichProgress:
         self._task = None
 
     def start(self, total: int) -> None:
+        if self._task is None:
+            self._begin()
+        self._progress.update(self._task, total=total)
+
+    def _begin(self) -> None:
+        # Provisioning (an image build) may report before the trials are counted.
         self._progress.start()
-        self._task = self._progress.add_task("starting", total=total)
+        self._task = self._progress.add_task("starting", total=None)
 
     def add_total(self, extra: int) -> None:
         task = self._progress.tasks[0]
         self._progress.update(self._task, total=(task.total or 0) + extra)
 
     def trial(self, environment: str, workload: str, label: str) -> None:
+        if self._task is None:
+            self._begin()
         self._progress.update(self._task, description=f"{workload} @ {environment} · {label}")
 
     def advance(self) -> None:
@@ -84,4 +92,5 @@ class RichProgress:
         self._progress.console.print(text, markup=False, highlight=False)
 
     def stop(self) -> None:
-        self._progress.stop()
+        if self._task is not None:
+            self._progress.stop()

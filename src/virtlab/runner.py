@@ -186,6 +186,7 @@ class StudyRunner:
             workdir = self.out_dir / "environments" / spec.name
             workdir.mkdir(parents=True, exist_ok=True)
             environment = spec.create(workdir)
+            environment.say = lambda line, env=spec.name: self.progress.trial(env, "provisioning", line[:80])
             self.progress.note(f"provisioning {spec.name} ({spec.kind})")
             try:
                 environment.provision(self.kernels)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -68,6 +69,9 @@ class Environment(ABC):
     options: EnvironmentOptions
     workdir: Path
     provision_s: float | None = field(default=None, init=False)
+    say: Callable[[str], None] = field(default=lambda _line: None, init=False, repr=False)
+    """Where a long provisioning step (building the guest image) reports progress; the runner
+    points it at its live display."""
     _provisioned: bool = field(default=False, init=False)
 
     kind: ClassVar[str]

@@ -166,7 +166,7 @@ class ContainerEnvironment(Environment):
 
     def _create(self, kernels: KernelBuild) -> None:
         cleanup_leftovers()
-        self.image = build_image(ImageSpec())
+        self.image = build_image(ImageSpec(), progress=self.say)
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:40] or "c"
         suffix = secrets.token_hex(3)
         self.container_id = f"{ID_PREFIX}{safe_name}-{suffix}"

@@ -616,7 +616,7 @@ class VmEnvironment(Environment):
 
     def _image(self) -> GuestImage:
         try:
-            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour))
+            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour), progress=self.say)
         except ImageError as error:
             raise EnvironmentError_(f"guest image: {error}", str(error)) from error
         missing = set(image.manifest.get("missing_drivers", ()))
