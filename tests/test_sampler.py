@@ -183,7 +183,7 @@ def test_a_process_reaped_before_the_sampler_looks_keeps_its_last_sample(spawn):
     sampled = timeline["short"]
     assert sampled.final_read == "last-sample" and sampled.exited_s is not None
     assert sampled.times_s[-1] < sampled.exited_s
-    assert 0.2 <= sampled.total_cpu_s <= 0.6
+    assert 0.0 < sampled.total_cpu_s <= 0.6  # busy 0.5 s of wall time: less CPU on a loaded host
 
 
 def test_the_owner_can_read_the_final_figures_before_reaping(spawn):
@@ -221,7 +221,9 @@ def test_a_process_tree_is_summed_with_include_children(spawn):
         time.sleep(1.2)
         timeline = sampler.stop()
     tree, shell_only = timeline["tree"], timeline["shell"]
-    assert tree.include_children and tree.total_cpu_s - tree.cpu_before_s > 0.5
+    # The busy child runs ~1.2 s; on a loaded 2-core machine it may get a third of a core, so the
+    # bound is loose. What matters: the tree counts the child's CPU, the shell alone does not.
+    assert tree.include_children and tree.total_cpu_s - tree.cpu_before_s > 0.2
     assert shell_only.total_cpu_s < 0.1
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from virtlab import __version__
 from virtlab.errors import InputError
+from virtlab.numa.cli import numa_app
 
 app = typer.Typer(
     help="Measure what a workload loses in a VM or a container against bare metal.",
@@ -22,6 +23,7 @@ app = typer.Typer(
 console = Console()
 image_app = typer.Typer(help="The guest userland shared by containers and VMs.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
+app.add_typer(numa_app, name="numa")
 
 
 @app.command()

@@ -28,7 +28,7 @@ SYSFS_CPU = Path("/sys/devices/system/cpu")
 SYSFS_NODE = Path("/sys/devices/system/node")
 
 # migrate_pages(2) has no glibc wrapper; its number differs per architecture.
-_SYS_MIGRATE_PAGES = {
+SYS_MIGRATE_PAGES = {
     "x86_64": 256,
     "aarch64": 238,
     "riscv64": 238,
@@ -205,7 +205,7 @@ def bind_memory(pid: int, node: int, *, nodes: Sequence[int] | None = None) -> M
     # From every node, the target included: the kernel skips pages already in place, and a one-node
     # host still gets a real call (and its permission check) instead of a silent no-op.
     from_nodes = all_nodes
-    number = _SYS_MIGRATE_PAGES.get(platform.machine())
+    number = SYS_MIGRATE_PAGES.get(platform.machine())
     if number is None:
         return _migratepages_tool(pid, node, from_nodes)
     width = max(from_nodes) + 1
