@@ -26,14 +26,20 @@ from virtlab.environments.libvirt import (
     LibvirtEnvironment,
     LibvirtOptions,
     Owner,
+    VolumeOwner,
     cleanup_leftovers,
+    cleanup_volumes,
     domain_name,
     domain_xml,
     is_local,
     memory_placement,
+    upload_pool,
+    upload_volume,
+    volume_name,
+    volume_xml,
 )
 from virtlab.environments.vm import CONSOLE_LOG, PORTABLE_MARCH, VmOptions, kernel_cmdline
-from virtlab.image import INITRAMFS_ERROR_MARKER
+from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER
 from virtlab.workloads.primes import Primes
 
 FILES = DomainFiles(
@@ -207,6 +213,67 @@ def test_options_are_checked():
     assert LibvirtOptions(uri="qemu+ssh://root@lab-host/system").uri.startswith("qemu+ssh")
     assert is_local("qemu:///system") and is_local("qemu+unix:///system?socket=/x/sock")
     assert not is_local("qemu+ssh://root@lab-host/system")
+
+
+def test_volume_xml_on_fixed_data():
+    text = volume_xml("virtlab-a-1.o1-2-b00t-0a1b2c3d.disk.qcow2", 1_073_741_824, "qcow2")
+    assert text == (
+        "<volume>\n"
+        "  <name>virtlab-a-1.o1-2-b00t-0a1b2c3d.disk.qcow2</name>\n"
+        '  <capacity unit="bytes">1073741824</capacity>\n'
+        '  <allocation unit="bytes">0</allocation>\n'
+        "  <target>\n"
+        '    <format type="raw" />\n'.replace("raw", "qcow2")
+        + "  </target>\n"
+        "</volume>\n"
+    )
+    assert ET.fromstring(volume_xml("x<&>", 5)).find("target/format").get("type") == "raw"
+    assert ET.fromstring(volume_xml("x<&>", 5)).findtext("name") == "x<&>"
+
+
+def test_volume_names_carry_their_owner():
+    owner = Owner(pid=4242, start=777, host="lab-host", boot_id="b007cafe-1234-5678", workdir="/w")
+    name = volume_name("virtlab-a/b <c>-1234", "disk", owner, ".qcow2")
+    assert name.startswith("virtlab-a_b__c_-1234.o4242-777-b007cafe-") and name.endswith(".disk.qcow2")
+    parsed = VolumeOwner.parse(name)
+    assert (parsed.pid, parsed.start, parsed.boot, parsed.role) == (4242, 777, "b007cafe", "disk")
+    kernel = VolumeOwner.parse(volume_name("virtlab-x-1", "kernel", Owner(9, None, "h", None)))
+    assert (kernel.pid, kernel.start, kernel.boot, kernel.role) == (9, None, "", "kernel")
+    assert (
+        VolumeOwner.parse("virtlab-x-1.disk") is None
+        and VolumeOwner.parse("mine.o1-2-ab-0a1b2c3d.disk") is None
+    )
+    with pytest.raises(ValueError, match="role"):
+        volume_name("virtlab-x-1", "swap", owner)
+    # judged on this machine only: another host's volume is never "gone"; another boot's always is
+    assert not parsed.gone(host="another-host", boot_id="b007cafe")
+    assert parsed.gone(host="lab-host", boot_id="0123abcd-0000")
+    me = Owner.current()
+    mine = VolumeOwner.parse(volume_name("virtlab-x-1", "initrd", me))
+    assert not mine.gone()
+
+
+def test_upload_pool_defaults_to_default_for_remote_uris_only():
+    assert upload_pool(LibvirtOptions()) is None
+    assert upload_pool(LibvirtOptions(storage_pool="lab")) == "lab"
+    assert upload_pool(LibvirtOptions(uri="qemu+ssh://h/system")) == "default"
+    assert upload_pool(LibvirtOptions(uri="qemu+ssh://h/system", storage_pool="")) is None  # shared storage
+    with pytest.raises(ValidationError, match="storage_pool"):
+        LibvirtOptions(storage_pool="a/b")
+
+
+def test_uploaded_files_get_a_pty_console_and_block_volumes_a_block_disk():
+    files = DomainFiles(
+        kernel="/pool/k", initrd="/pool/i", disk="/dev/vg/virtlab-d", console=None, disk_kind="block"
+    )
+    domain = ET.fromstring(
+        domain_xml(LibvirtOptions(), name="virtlab-t-1", accelerator="tcg", files=files, cmdline="c")
+    )
+    assert domain.findtext("os/kernel") == "/pool/k" and domain.findtext("os/initrd") == "/pool/i"
+    assert [(d["type"], d["source"]) for d in disks(domain)] == [("block", "/dev/vg/virtlab-d")]
+    serial, console = domain.find("devices/serial"), domain.find("devices/console")
+    assert serial.get("type") == "pty" and serial.find("source") is None
+    assert console.get("type") == "pty" and console.find("target").attrib == {"type": "serial", "port": "0"}
 
 
 @needs_binding
@@ -414,3 +481,86 @@ def test_cleanup_destroys_domains_whose_owner_died(libvirtd, conn):
     finally:
         with ThreadPoolExecutor() as pool:  # a destroy waits about a second for QEMU's end here
             list(pool.map(lambda domain: domain.destroy(), conn.listAllDomains()))
+
+
+# --------------------------------------------------------------------------
+# uploading into a storage pool (the remote path, on the local test daemon)
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def pool(libvirtd, conn, tmp_path_factory):
+    """A transient dir pool of the test daemon, in a fresh directory."""
+    directory = tmp_path_factory.mktemp("pool")
+    element = ET.Element("pool", type="dir")
+    ET.SubElement(element, "name").text = "virtlab-test-pool"
+    ET.SubElement(ET.SubElement(element, "target"), "path").text = str(directory)
+    created = conn.storagePoolCreateXML(ET.tostring(element, encoding="unicode"), 0)
+    yield created
+    for volume in created.listAllVolumes(0):
+        volume.delete(0)
+    created.destroy()
+
+
+@needs_root
+@pytest.mark.slow
+def test_uploads_into_a_pool_runs_primes_streams_the_console_and_deletes_the_volumes(
+    libvirtd, conn, pool, guest_image, kernel_build, tmp_path
+):
+    options = LibvirtOptions(uri=libvirtd.uri, vcpus=1, memory_mb=1024, storage_pool=pool.name())
+    env = LibvirtEnvironment("uploaded", options, tmp_path)
+    try:
+        env.provision(kernel_build)
+    except EnvironmentError_ as error:
+        raise AssertionError(f"{error}\n{error.log}\n{libvirtd.log()}") from error
+    try:
+        assert env.manifest()["storage_pool"] == pool.name()
+        details = env._details["storage_pool"]["volumes"]
+        for role, upload in details.items():
+            print(f"upload {role}: {upload['bytes'] / 2**20:.1f} MiB in {upload['upload_s']:.2f} s")
+        volumes = {v.name(): v.path() for v in pool.listAllVolumes(0)}
+        assert sorted(volumes) == sorted(u["volume"] for u in details.values())
+        domain = ET.fromstring(env.domain.XMLDesc(0))
+        assert domain.findtext("os/kernel") == details["kernel"]["path"]
+        assert domain.findtext("os/initrd") == details["initrd"]["path"]
+        (disk,) = domain.iterfind("devices/disk")
+        assert disk.find("source").get("file") == details["disk"]["path"]
+        pool_dir = ET.fromstring(pool.XMLDesc(0)).findtext("target/path")
+        for path in (details["kernel"]["path"], details["initrd"]["path"], details["disk"]["path"]):
+            assert path in volumes.values() and Path(path).parent == Path(pool_dir)
+            assert not path.startswith(str(tmp_path)) and not path.startswith(str(guest_image.dir))
+        assert not (tmp_path / "disk.raw").exists()  # the local copy went once uploaded
+        assert domain.find("devices/serial").get("type") == "pty"
+
+        primes = Primes.from_mapping({"n": 100_000})
+        result = env.run(primes.command(env.bin_dir), timeout_s=60)
+        assert result.ok, result.log()
+        assert primes.parse(result.stdout)[0].metadata["count"] == 9592
+        console = (tmp_path / CONSOLE_LOG).read_text(errors="replace")
+        assert READY_MARKER in console, console[-2000:]
+    finally:
+        env.teardown()
+    assert pool.listVolumes() == [] and conn.listAllDomains() == []
+    assert READY_MARKER in (tmp_path / CONSOLE_LOG).read_text(errors="replace")
+
+
+@needs_root
+def test_cleanup_deletes_the_volumes_whose_owner_died(libvirtd, conn, pool, tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = Owner.current()
+    data = tmp_path / "data"
+    data.write_bytes(b"virtlab" * 1000)
+    names = {
+        "dead": volume_name("virtlab-gone-1", "disk", Owner(dead.pid, me.start, me.host, me.boot_id)),
+        "alive": volume_name("virtlab-live-1", "kernel", me),
+        "elsewhere": volume_name("virtlab-far-1", "initrd", Owner(dead.pid, None, "another-machine", None)),
+    }
+    for name in names.values():
+        upload_volume(conn, pool, name, data)
+    pool.createXML(volume_xml("not-virtlab.o1-2-ab-0a1b2c3d.disk", 4096), 0)
+    assert Path(pool.storageVolLookupByName(names["alive"]).path()).read_bytes() == data.read_bytes()
+    assert cleanup_volumes(conn) == [names["dead"]]
+    assert sorted(pool.listVolumes()) == sorted(
+        [names["alive"], names["elsewhere"], "not-virtlab.o1-2-ab-0a1b2c3d.disk"]
+    )

@@ -17,10 +17,19 @@ The domain's ``<metadata>`` names its owner (pid and start time, host and boot i
 ``cleanup_leftovers(uri)`` destroys the domains of a virtlab that died without teardown and
 spares those of a running one.
 
-Files: the disk copy, kernel and initramfs are made on this machine and named by their paths; a
-remote URI works where the remote host sees them at the same paths (shared storage, e.g. the
-NFS of seed 003). QEMU runs as the caller's user and group for a local URI (a static DAC label,
-no relabelling of the shared image's files); as the host's configured user for a remote one.
+Files: the disk copy, kernel and initramfs are made on this machine. Without a storage pool
+(the default for a local URI) the domain names them by their paths, and the serial console is a
+file in the workdir; a remote URI then works only where its host sees them at the same paths
+(shared storage, e.g. the NFS of seed 003: ``storage_pool = ""``). With a storage pool (the
+plan's ``storage_pool``; "default" for a remote URI) they are uploaded as volumes of that pool
+on the target host through libvirt's storage API (``volume_xml``, ``upload_volume``; a sparse
+stream, so a sparse raw disk sends only its data), the domain names the volumes' paths, and the
+serial console is a pty that libvirt streams back (``virDomainOpenConsole``) into the local
+``console.log``. A volume's name carries its owner (``volume_name``), so that
+``cleanup_leftovers`` also deletes the volumes of a virtlab that died; teardown deletes them.
+
+QEMU runs as the caller's user and group for a local URI (a static DAC label, no relabelling of
+the shared image's files); as the host's configured user for a remote one.
 
 Accelerator: for a local URI, KVM only when ``virtlab.accel.probe_kvm`` saw guest code run under
 it (``<domain type='kvm'>``), else TCG (``type='qemu'``); for a remote URI, what that host's
@@ -29,12 +38,14 @@ libvirt offers (domain capabilities), since the probe cannot boot there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
 import socket
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -64,6 +75,7 @@ from virtlab.environments.vm import (
     kernel_cmdline,
     numa_layout,
 )
+from virtlab.image import qemu_img_info
 from virtlab.qmp import GuestAgentError
 
 DEFAULT_URI = "qemu:///system"
@@ -75,6 +87,10 @@ INSTALL_HINT = (
     "pip install 'libvirt-python>=9' (it compiles against libvirt: apt-get install libvirt-dev pkg-config)"
 )
 _AGENT_POLL_S = 0.1
+DEFAULT_POOL = "default"
+VOLUME_ROLES = ("disk", "kernel", "initrd")
+CONSOLE_LIMIT_BYTES = 64 * 2**20  # what the console stream writes to console.log at most
+_CONSOLE_JOIN_S = 5.0
 
 ET.register_namespace(OWNER_PREFIX, OWNER_NAMESPACE)
 
@@ -86,6 +102,13 @@ class LibvirtOptions(VmOptions):
         default=DEFAULT_URI,
         description="libvirt connection: qemu:///system, qemu+ssh://user@host/system, qemu+unix:///...",
     )
+    storage_pool: str | None = Field(
+        default=None,
+        description=(
+            "libvirt storage pool on the target host to upload the disk, kernel and initrd into "
+            '(default: "default" for a remote uri, none for a local one; "" = no upload, shared storage)'
+        ),
+    )
 
     @model_validator(mode="after")
     def _libvirt_consistent(self) -> LibvirtOptions:
@@ -96,7 +119,16 @@ class LibvirtOptions(VmOptions):
             )
         if self.machine == "microvm":
             raise ValueError('libvirt does not define microvm domains: use machine "q35" or "pc"')
+        if self.storage_pool and re.search(r"[/\s]", self.storage_pool):
+            raise ValueError(f"storage_pool {self.storage_pool!r}: a libvirt pool name has no '/' or spaces")
         return self
+
+
+def upload_pool(options: LibvirtOptions) -> str | None:
+    """The pool the run's files are uploaded into, or None when the domain names local paths."""
+    if options.storage_pool is None:
+        return None if is_local(options.uri) else DEFAULT_POOL
+    return options.storage_pool or None
 
 
 # --------------------------------------------------------------------------- the domain XML
@@ -104,12 +136,17 @@ class LibvirtOptions(VmOptions):
 
 @dataclass(frozen=True)
 class DomainFiles:
-    """Absolute paths as the host that runs QEMU sees them."""
+    """Absolute paths as the host that runs QEMU sees them.
+
+    ``console`` None: the serial console is a pty (read through libvirt's console stream);
+    ``disk_kind`` "block" when the disk is a block device (a volume of an LVM pool, ...).
+    """
 
     kernel: str
     initrd: str
     disk: str
-    console: str
+    console: str | None
+    disk_kind: str = "file"
 
 
 @dataclass(frozen=True)
@@ -234,7 +271,7 @@ def _disks(devices: ET.Element, options: VmOptions, files: DomainFiles) -> None:
     targets = disk_targets(options)
     if options.disk_bus == "virtio-scsi":
         _sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
-    sources = [("file", options.image_format, files.disk)]
+    sources = [(files.disk_kind, options.image_format, files.disk)]
     if options.block_device:
         sources.append(("block", "raw", options.block_device))
     for (kind, fmt, path), target in zip(sources, targets, strict=True):
@@ -292,9 +329,13 @@ def domain_xml(
     if options.nic != "none":
         interface = _sub(devices, "interface", type="user")
         _sub(interface, "model", type="virtio" if options.nic == "virtio-net" else "e1000")
-    serial = _sub(devices, "serial", type="file")
-    _sub(serial, "source", path=files.console, append="off")
-    _sub(serial, "target", port="0")
+    if files.console is not None:
+        serial = _sub(devices, "serial", type="file")
+        _sub(serial, "source", path=files.console, append="off")
+        _sub(serial, "target", port="0")
+    else:  # a pty on the host running QEMU, streamed back by virDomainOpenConsole
+        _sub(_sub(devices, "serial", type="pty"), "target", port="0")
+        _sub(_sub(devices, "console", type="pty"), "target", type="serial", port="0")
     channel = _sub(devices, "channel", type="unix")
     _sub(channel, "source", mode="bind")  # libvirt picks the path and connects to the agent itself
     _sub(channel, "target", type="virtio", name=AGENT_CHANNEL)
@@ -320,6 +361,231 @@ def domain_name(name: str, unique: str) -> str:
 def is_local(uri: str) -> bool:
     """Whether ``uri`` names this machine's libvirtd (no host part: qemu:///, qemu+unix:///)."""
     return not urlsplit(uri).hostname
+
+
+# --------------------------------------------------------------------------- storage volumes
+
+_VOLUME_OWNER = re.compile(
+    r"\.o(?P<pid>\d+)-(?P<start>\d*)-(?P<boot>[0-9a-f]{0,8})-(?P<host>[0-9a-f]{8})"
+    r"\.(?P<role>" + "|".join(VOLUME_ROLES) + r")(?:\.[a-z0-9]+)?$"
+)
+
+
+def _host_hash(host: str) -> str:
+    return hashlib.sha256(host.encode()).hexdigest()[:8]
+
+
+def _boot_prefix(boot_id: str | None) -> str:
+    return re.sub(r"[^0-9a-f]", "", (boot_id or "").lower())[:8]
+
+
+def volume_name(domain: str, role: str, owner: Owner, suffix: str = "") -> str:
+    """``<domain>.o<pid>-<start>-<boot>-<host>.<role><suffix>``: the owner in the name itself.
+
+    A volume has no metadata of its own, and it outlives its domain (the guest's end destroys a
+    transient domain): its name is what ``cleanup_leftovers`` judges. ``boot`` is the first 8 hex
+    digits of the boot id, ``host`` 8 of the hostname's SHA-256; the domain part keeps only
+    characters every pool type takes in a name.
+    """
+    if role not in VOLUME_ROLES:
+        raise ValueError(f"volume role {role!r}: expected one of {', '.join(VOLUME_ROLES)}")
+    safe = re.sub(r"[^A-Za-z0-9_+-]", "_", domain)[:120]
+    start = "" if owner.start is None else str(owner.start)
+    tag = f"o{owner.pid}-{start}-{_boot_prefix(owner.boot_id)}-{_host_hash(owner.host)}"
+    return f"{safe}.{tag}.{role}{suffix}"
+
+
+@dataclass(frozen=True)
+class VolumeOwner:
+    """The owner a volume's name records (``volume_name``), hashed as it is there."""
+
+    pid: int
+    start: int | None
+    boot: str
+    host_hash: str
+    role: str
+
+    @classmethod
+    def parse(cls, name: str) -> VolumeOwner | None:
+        """The owner of a virtlab volume, or None for a name ``volume_name`` did not make."""
+        match = _VOLUME_OWNER.search(name)
+        if not name.startswith(DOMAIN_PREFIX) or match is None:
+            return None
+        start = match["start"]
+        pid, boot, host = int(match["pid"]), match["boot"], match["host"]
+        return cls(pid, int(start) if start else None, boot, host, match["role"])
+
+    def gone(self, host: str | None = None, boot_id: str | None = None) -> bool:
+        """Whether the owner is known to have ended: on this host, another boot or a dead pid."""
+        if self.host_hash != _host_hash(host if host is not None else socket.gethostname()):
+            return False  # another machine's: nothing to judge it by
+        boot = _boot_prefix(boot_id if boot_id is not None else _boot_id())
+        if self.boot and boot and self.boot != boot:
+            return True
+        return not _alive(self.pid, self.start)
+
+
+def volume_xml(name: str, capacity: int, format: str = "raw") -> str:
+    """The ``<volume>`` XML of ``pool.createXML``: a volume of ``capacity`` bytes; pure."""
+    volume = ET.Element("volume")
+    _sub(volume, "name", name)
+    _sub(volume, "capacity", str(capacity), unit="bytes")
+    _sub(volume, "allocation", "0", unit="bytes")  # sparse: the upload allocates what it writes
+    _sub(_sub(volume, "target"), "format", type=format)
+    ET.indent(volume)
+    return ET.tostring(volume, encoding="unicode") + "\n"
+
+
+def _section(fd: int) -> tuple[bool, int]:
+    """sparseSendAll's hole handler: (data?, length) of the section at the file's offset."""
+    here = os.lseek(fd, 0, os.SEEK_CUR)
+    size = os.fstat(fd).st_size
+    if here >= size:
+        return True, 0  # the data handler reads b"": the end
+    try:
+        data = os.lseek(fd, here, os.SEEK_DATA)
+    except OSError:  # ENXIO: a hole up to the end
+        data = size
+    if data > here:
+        os.lseek(fd, here, os.SEEK_SET)
+        return False, data - here
+    hole = os.lseek(fd, here, os.SEEK_HOLE)
+    os.lseek(fd, here, os.SEEK_SET)
+    return True, hole - here
+
+
+def upload_volume(conn: Any, pool: Any, name: str, path: Path, format: str = "raw") -> Any:
+    """Create volume ``name`` in ``pool`` and upload the file ``path`` into it; the volume.
+
+    Capacity is the file's size (a qcow2 file: its virtual size, which ``createXML`` gives the
+    fresh qcow2 that the upload then overwrites). The stream is sparse: holes are sent as holes.
+    A failed upload deletes the volume.
+    """
+    libvirt = _libvirt()
+    size = path.stat().st_size
+    capacity = size if format == "raw" else max(size, int(qemu_img_info(path)["virtual-size"]))
+    volume = pool.createXML(volume_xml(name, capacity, format), 0)
+    stream = conn.newStream(0)
+    try:
+        volume.upload(stream, 0, size, libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            stream.sparseSendAll(
+                lambda _stream, nbytes, fd: os.read(fd, nbytes),
+                lambda _stream, fd: _section(fd),
+                lambda _stream, length, fd: os.lseek(fd, length, os.SEEK_CUR),
+                fd,
+            )
+        finally:
+            os.close(fd)
+        stream.finish()
+    except BaseException:
+        try:
+            stream.abort()
+        except libvirt.libvirtError:
+            pass
+        delete_volume(volume)
+        raise
+    return volume
+
+
+def delete_volume(volume: Any) -> bool:
+    """Delete a volume; False when it was gone already (or libvirt refused)."""
+    libvirt = _libvirt()
+    try:
+        volume.delete(0)
+    except libvirt.libvirtError:
+        return False
+    return True
+
+
+def cleanup_volumes(conn: Any) -> list[str]:
+    """Delete the virtlab volumes (of every active pool) whose owner died; returns their names."""
+    libvirt = _libvirt()
+    deleted = []
+    try:
+        pools = conn.listAllStoragePools(libvirt.VIR_CONNECT_LIST_STORAGE_POOLS_ACTIVE)
+    except libvirt.libvirtError:
+        return deleted  # no storage driver at that URI
+    for pool in pools:
+        try:
+            volumes = pool.listAllVolumes(0)
+        except libvirt.libvirtError:
+            continue  # the pool stopped meanwhile
+        for volume in volumes:
+            try:
+                name = volume.name()
+            except libvirt.libvirtError:
+                continue
+            owner = VolumeOwner.parse(name)
+            if owner is not None and owner.gone() and delete_volume(volume):
+                deleted.append(name)
+    return deleted
+
+
+class ConsoleStream:
+    """The domain's serial console (a pty on its host) copied into a local file by a thread.
+
+    ``virDomainOpenConsole`` on a blocking stream of a connection of its own: a thread blocked in
+    ``virStreamRecv`` holds its connection's I/O, and on the environment's connection the guest
+    agent's replies then wait behind it (seen here: ``qemuAgentCommand`` never returned). The
+    thread's loop ends when the stream ends (the domain's end) or fails, or on ``close``; the file
+    is capped at ``limit`` bytes.
+    """
+
+    def __init__(self, uri: str, domain_uuid: str, path: Path, limit: int = CONSOLE_LIMIT_BYTES) -> None:
+        libvirt = _libvirt()
+        self._conn = connect(uri)
+        try:
+            self._stream = self._conn.newStream(0)
+            self._conn.lookupByUUIDString(domain_uuid).openConsole(None, self._stream, 0)
+        except libvirt.libvirtError:
+            self._conn.close()
+            raise
+        self._path = path
+        self._limit = limit
+        self._closing = threading.Event()
+        self.received = 0
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._copy, name=f"console-{path}", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        libvirt = _libvirt()
+        with open(self._path, "ab") as out:
+            while not self._closing.is_set():
+                try:
+                    data = self._stream.recv(64 * 1024)
+                except libvirt.libvirtError as error:
+                    if not self._closing.is_set():
+                        self.error = error.get_error_message()
+                    return
+                if not isinstance(data, bytes) or not data:
+                    return  # the end of the stream (an int would be -2: not for a blocking stream)
+                room = self._limit - self.received
+                if room > 0:
+                    out.write(data[:room])
+                    out.flush()
+                self.received += len(data)
+
+    def close(self) -> None:
+        """Stop copying: after the domain's end the stream has ended; otherwise abort it."""
+        libvirt = _libvirt()
+        self._thread.join(_CONSOLE_JOIN_S)  # after the domain's end the stream ends by itself
+        self._closing.set()
+        try:
+            if self._thread.is_alive():
+                self._stream.abort()
+                self._thread.join(_CONSOLE_JOIN_S)
+            else:
+                self._stream.finish()
+        except libvirt.libvirtError:
+            pass
+        if not self._thread.is_alive():  # else leave it to the daemon thread's end with the process
+            try:
+                self._conn.close()
+            except libvirt.libvirtError:
+                pass
 
 
 # --------------------------------------------------------------------------- libvirt access
@@ -385,7 +651,7 @@ def cleanup_leftovers(uri: str = DEFAULT_URI, conn: Any = None) -> list[str]:
     A domain is judged by the owner in its metadata (pid + start time, so a recycled pid is not
     taken for it); a domain without that record, a persistent one, or one whose owner lives on
     another machine is left alone. The disk copy of a destroyed domain is removed when it was
-    made on this machine.
+    made on this machine; the uploaded volumes of dead owners are deleted (``cleanup_volumes``).
     """
     libvirt = _libvirt()
     own = conn is None
@@ -406,6 +672,7 @@ def cleanup_leftovers(uri: str = DEFAULT_URI, conn: Any = None) -> list[str]:
             destroyed.append(name)
             if owner.disk and owner.host == socket.gethostname():
                 Path(owner.disk).unlink(missing_ok=True)
+        cleanup_volumes(conn)
     finally:
         if own:
             conn.close()
@@ -485,6 +752,8 @@ class LibvirtEnvironment(VmEnvironment):
         self._qemu_pid: int | None = None
         self._xml = ""
         self.domain_name: str | None = None
+        self._volumes: list[Any] = []
+        self._console: ConsoleStream | None = None
 
     # -- checks before anything runs -----------------------------------------------------
     @classmethod
@@ -534,6 +803,7 @@ class LibvirtEnvironment(VmEnvironment):
         )
         manifest["uri"] = self.options.uri
         manifest["domain_xml"] = self._xml
+        manifest["storage_pool"] = upload_pool(self.options)
         return manifest
 
     # -- provisioning steps --------------------------------------------------------------
@@ -557,10 +827,14 @@ class LibvirtEnvironment(VmEnvironment):
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
         self._disk = self._make_disk(image, guest_kernels)
         self.domain_name = domain_name(self.name, uuid.uuid4().hex[:8])
-        files = DomainFiles(
-            kernel=str(image.kernel), initrd=str(image.initrd), disk=str(self._disk),
-            console=str(self.workdir / CONSOLE_LOG),
-        )  # fmt: skip
+        pool = upload_pool(self.options)
+        if pool is None:
+            files = DomainFiles(
+                kernel=str(image.kernel), initrd=str(image.initrd), disk=str(self._disk),
+                console=str(self.workdir / CONSOLE_LOG),
+            )  # fmt: skip
+        else:
+            files = self._upload(pool, {"disk": self._disk, "kernel": image.kernel, "initrd": image.initrd})
         local = is_local(self.options.uri)
         self._xml = domain_xml(
             self.options,
@@ -569,10 +843,64 @@ class LibvirtEnvironment(VmEnvironment):
             files=files,
             cmdline=cmdline,
             title=f"virtlab environment {self.name}",
-            owner=Owner.current(str(self.workdir), str(self._disk)),
+            owner=Owner.current(str(self.workdir), str(self._disk) if self._disk else ""),
             host_cells=self._host_cells(),
             dac_label=f"+{os.getuid()}:+{os.getgid()}" if local else None,
         )
+
+    def _upload(self, pool_name: str, paths: dict[str, Path]) -> DomainFiles:
+        """Upload the disk copy, kernel and initrd as volumes of ``pool_name`` on the target host.
+
+        The local disk copy is removed once uploaded; the volumes are deleted by teardown.
+        """
+        libvirt = _libvirt()
+        assert self.domain_name is not None
+        try:
+            pool = self._conn.storagePoolLookupByName(pool_name)
+            if not pool.isActive():
+                raise EnvironmentError_(
+                    f"libvirt VM {self.name}: storage pool {pool_name!r} at {self.options.uri} is not active"
+                )
+        except libvirt.libvirtError as error:
+            raise EnvironmentError_(
+                f"libvirt VM {self.name}: no storage pool {pool_name!r} at {self.options.uri} "
+                f"({error.get_error_message()}); define one (virsh pool-define-as {pool_name} dir "
+                f'--target /var/lib/libvirt/images) or set storage_pool = "" for shared storage'
+            ) from error
+        owner = Owner.current()
+        formats = {"disk": self.options.image_format, "kernel": "raw", "initrd": "raw"}
+        targets: dict[str, str] = {}
+        uploads = {}
+        disk_kind = "file"
+        for role, path in paths.items():
+            suffix = f".{formats[role]}" if role == "disk" else ""
+            name = volume_name(self.domain_name, role, owner, suffix)
+            started = time.monotonic()
+            try:
+                volume = upload_volume(self._conn, pool, name, Path(path), formats[role])
+            except libvirt.libvirtError as error:
+                raise EnvironmentError_(
+                    f"libvirt VM {self.name}: uploading {path} into pool {pool_name!r} as {name}: "
+                    f"{error.get_error_message()}"
+                ) from error
+            self._volumes.append(volume)
+            targets[role] = volume.path()
+            if role == "disk" and volume.info()[0] == libvirt.VIR_STORAGE_VOL_BLOCK:
+                disk_kind = "block"
+            uploads[role] = {
+                "volume": name,
+                "path": targets[role],
+                "bytes": Path(path).stat().st_size,
+                "upload_s": round(time.monotonic() - started, 3),
+            }
+        self._details["storage_pool"] = {"pool": pool_name, "volumes": uploads}
+        if self._disk is not None:  # the target host has its own copy now
+            self._disk.unlink(missing_ok=True)
+            self._disk = None
+        return DomainFiles(
+            kernel=targets["kernel"], initrd=targets["initrd"], disk=targets["disk"], console=None,
+            disk_kind=disk_kind,
+        )  # fmt: skip
 
     def _choose_accelerator(self) -> None:
         if is_local(self.options.uri) or self.options.accel == "tcg":
@@ -602,11 +930,17 @@ class LibvirtEnvironment(VmEnvironment):
     def _start(self) -> None:
         libvirt = _libvirt()
         self._started = time.monotonic()
+        streamed = bool(self._volumes)  # the console is a pty: start paused, open it, then run
         try:
-            self._domain = self._conn.createXML(self._xml, 0)
+            self._domain = self._conn.createXML(self._xml, libvirt.VIR_DOMAIN_START_PAUSED if streamed else 0)
+            if streamed:
+                self._console = ConsoleStream(
+                    self.options.uri, self._domain.UUIDString(), self.workdir / CONSOLE_LOG
+                )
+                self._domain.resume()
         except libvirt.libvirtError as error:
             hint = ""
-            if not is_local(self.options.uri):
+            if not is_local(self.options.uri) and not streamed:
                 hint = (
                     f" (the host of {self.options.uri} must see {self.workdir} and the guest image at "
                     "the same paths, readable by its QEMU user: shared storage)"
@@ -686,10 +1020,15 @@ class LibvirtEnvironment(VmEnvironment):
             except libvirt.libvirtError:
                 pass  # ended already
             self._domain = None
+        if self._console is not None:
+            self._console.close()
+            self._console = None
         self._qemu_pid = None
         if self._disk is not None:
             self._disk.unlink(missing_ok=True)
             self._disk = None
+        while self._volumes:
+            delete_volume(self._volumes.pop())
         if self._conn is not None:
             try:
                 self._conn.close()
