@@ -43,9 +43,16 @@ def run(
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
     store = open_study(study_plan, out, resume)
     try:
-        kernels = preflight(study_plan)
         progress = SilentProgress() if quiet else RichProgress()
-        outcome = StudyRunner(study_plan, out, store, kernels, progress).run()
+        if study_plan.study.scenario is not None:
+            from virtlab.scenarios import SCENARIOS
+
+            scenario = SCENARIOS.get(study_plan.study.scenario)
+            kernels = scenario.preflight(study_plan)
+            outcome = scenario(study_plan, out, store, kernels, progress).run()
+        else:
+            kernels = preflight(study_plan)
+            outcome = StudyRunner(study_plan, out, store, kernels, progress).run()
     finally:
         store.close()
     console.print(f"results: {out}/report.html")

@@ -3,7 +3,9 @@
 The shape is fixed by plans that other tools already write:
 ``[study]``, ``[[environment]]`` (``name``, ``kind`` and the kind's options) and
 ``[[workload]]`` (``name``, ``kind`` and the workload's parameters). Unknown keys
-anywhere are errors.
+anywhere are errors. A study that is not an environment x workload grid names a
+scenario (``[study] scenario = "priority"``) and configures it in one more table of
+that name (``[priority]``), validated by the scenario (``virtlab.scenarios``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,6 +24,7 @@ from virtlab import stats
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.registry import Registry, UnknownPluginError
+from virtlab.scenarios import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
 
 DEFAULT_PLAN = "quick.toml"
@@ -47,12 +50,22 @@ class StudySpec(BaseModel):
     )
     min_trials: int | None = Field(default=None, ge=1, description="adaptive: trials before checking")
     max_trials: int | None = Field(default=None, ge=1, description="adaptive: never more than this")
+    scenario: str | None = Field(
+        default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
+    )
 
     @field_validator("reduction")
     @classmethod
     def _known_reduction(cls, value: str) -> str:
         if value not in stats.reduction_names():
             raise ValueError(f"unknown reduction {value!r}; valid: {', '.join(stats.reduction_names())}")
+        return value
+
+    @field_validator("scenario")
+    @classmethod
+    def _known_scenario(cls, value: str | None) -> str | None:
+        if value is not None and value not in SCENARIOS:
+            raise ValueError(f"unknown scenario {value!r}; valid: {', '.join(SCENARIOS.names())}")
         return value
 
     @model_validator(mode="after")
@@ -107,6 +120,8 @@ class Plan:
     study: StudySpec
     environments: tuple[EnvironmentSpec, ...]
     workloads: tuple[WorkloadSpec, ...]
+    scenario: Any = None
+    """The validated table of ``study.scenario`` (that scenario's ``Config``), or None for a grid."""
 
     @property
     def sha256(self) -> str:
@@ -139,11 +154,24 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
-    unknown = sorted(set(document) - {"study", "environment", "workload"})
-    if unknown:
+    study_table = document.get("study")
+    scenario_name = study_table.get("scenario") if isinstance(study_table, dict) else None
+    allowed = {"study", "environment", "workload"} | (
+        {scenario_name} if isinstance(scenario_name, str) else set()
+    )
+    if isinstance(scenario_name, str) and scenario_name not in SCENARIOS:
+        # before the unknown-key check: the scenario's own table would be reported first otherwise
         raise InputError(
-            source, f"unknown top-level key {unknown[0]!r}", "use [study], [[environment]] and [[workload]]"
+            source,
+            f"study.scenario: unknown scenario {scenario_name!r}",
+            f"use one of: {', '.join(SCENARIOS.names())}",
         )
+    unknown = sorted(set(document) - allowed)
+    if unknown:
+        fix = "use [study], [[environment]] and [[workload]]"
+        if unknown[0] in SCENARIOS:
+            fix = f'[{unknown[0]}] configures a scenario: add scenario = "{unknown[0]}" to [study]'
+        raise InputError(source, f"unknown top-level key {unknown[0]!r}", fix)
     study = _validated(StudySpec, document.get("study"), source, "study")
     environments = tuple(
         _environment(table, source, i) for i, table in enumerate(_tables(document, "environment", source))
@@ -167,7 +195,26 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
             f"study.baseline: no environment named {study.baseline!r}",
             f"use one of: {', '.join(env_names)}",
         )
-    return Plan(source, text, study, environments, workloads)
+    scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
+    return Plan(source, text, study, environments, workloads, scenario)
+
+
+def _scenario(
+    document: dict[str, Any],
+    study: StudySpec,
+    environments: tuple[EnvironmentSpec, ...],
+    workloads: tuple[WorkloadSpec, ...],
+    source: str,
+) -> Any:
+    """The scenario's own table, validated by its model and checked against the rest of the plan."""
+    assert study.scenario is not None
+    cls = SCENARIOS.get(study.scenario)
+    config = _validated(cls.Config, document.get(study.scenario), source, study.scenario)
+    problems = cls.check(config, study, environments, workloads)
+    if problems:
+        where, problem, fix = problems[0]
+        raise InputError(source, f"{where}: {problem}", fix)
+    return config
 
 
 def _tables(document: dict[str, Any], key: str, source: str) -> list[dict[str, Any]]:
@@ -231,12 +278,39 @@ def _input_error(error: ValidationError, model: type[BaseModel], source: str, wh
     first = error.errors()[0]
     location = ".".join(str(part) for part in first["loc"])
     path = f"{where}.{location}" if location else where
+    model = _model_at(model, first["loc"][:-1])
     known = ", ".join(name for name in model.model_fields)
     if first["type"] == "extra_forbidden":
         return InputError(source, f"{path}: unknown key", f"remove it or use one of: {known}")
     if first["type"] == "missing":
         return InputError(source, f"{path}: required key is missing", f"add {location} = ...")
-    field = model.model_fields.get(str(first["loc"][0])) if first["loc"] else None
+    named = [str(part) for part in first["loc"] if str(part) in model.model_fields]
+    field = model.model_fields.get(named[-1]) if named else None
     hint = f"{location}: {field.description}" if field is not None and field.description else None
     message = first["msg"].removeprefix("Value error, ")
     return InputError(source, f"{path}: {message} (got {first.get('input')!r})", hint)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The (nested) model an error location points into, for its hint: ``configuration.0.control.5``
+    of a scenario's table names a ControlSpec, whose keys are the ones to suggest."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            continue  # a list index or a dict key: the same nested model
+        nested = _nested_model(field.annotation)
+        if nested is None:
+            break
+        model = nested
+    return model
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, tuple, list, dict) or get_args(annotation):
+        for arg in get_args(annotation):
+            found = _nested_model(arg)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,781 @@
+"""The priority study of seed 002: K guests at once, each running a workload from its boot, one of
+them with a higher host priority, and the CPU usage of every guest's host process over time.
+
+A plan::
+
+    [study]
+    name = "kvm-priority"
+    scenario = "priority"
+
+    [[environment]]          # the guest template: kind vm or container, and its options
+    name = "guest"
+    kind = "vm"
+    vcpus = 1
+
+    [[workload]]             # what every guest runs as soon as it is up
+    name = "primes"
+    kind = "primes"
+
+    [priority]
+    repeat = 1               # trials of every configuration, interleaved
+    sample_interval_s = 1.0  # CPU sampling of every guest's host process (>= 0.1)
+
+    [[priority.configuration]]
+    name = "c3"
+    guests = 5
+    [priority.configuration.control]
+    5 = { nice = -20 }       # guest 5's host process; or cpu_shares / cpu_weight (a cgroup)
+
+One trial of a configuration provisions all its guests at once, one thread each. A VM's guest init
+runs the workload from the kernel command line (``virtlab.run``) right after the guest is up, its
+output to a file in the guest; a container's workload starts right after the container, stopped
+until its controls are applied. Every guest's host process (QEMU, or the container's process tree)
+is sampled by one ``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the
+guest's CPUs running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``.
+Controls are applied to the process (and a VM's vCPU threads) as soon as it exists.
+
+A trial counts only when every guest finished: then each guest's times are stored as a trial of
+the cell (``<configuration>/guest<i>``, workload), and the trial's timeline under a study key. A
+trial where a guest failed is stored with its failure and its timeline, and run again on --resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+import shlex
+import signal
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from virtlab import __version__
+from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.control import AppliedControls, ControlError, Controls, ControlSpec, validate_against_host
+from virtlab.control.placement import threads_of
+from virtlab.control.priority import find_cpu_cgroup, parse_proc_cgroup
+from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments._base import SETUP_WORKLOAD
+from virtlab.errors import InputError
+from virtlab.export.priority import build_section, write_priority_reports
+from virtlab.export.tabular import write_results_json
+from virtlab.outputs import write_outputs
+from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
+from virtlab.progress import ProgressSink
+from virtlab.runner import StudyOutcome
+from virtlab.sampler import CpuSampler, parse_stat
+from virtlab.samples import ParseError, Sample
+from virtlab.scenarios import PlanProblem, Scenario, register_scenario
+from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.workloads import Workload
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+START_MARKER = "VIRTLAB-WORKLOAD-START"
+EXIT_MARKER = "VIRTLAB-RUN-EXIT="
+VM_OUTPUT = "/run/virtlab/workload.out"
+CONTAINER_OUTPUT, CONTAINER_STATUS = "/mnt/workload.out", "/mnt/workload.status"
+OUTPUT_TAIL_BYTES = 16384
+"""What is read back of a workload's output: its summary is at the end (primes prints millions of
+lines before it)."""
+TRIALS_KEY = "priority/trials"
+_POLL_S = 0.02
+_SETUP_TIMEOUT_S = 900.0
+"""Process start at the latest this long after provisioning began (5 disk copies at once are slow)."""
+_GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
+
+
+# --------------------------------------------------------------------------- the plan's [priority]
+
+
+class ConfigurationSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_NAME, description="names the configuration in the tables (c1, c2, ...)")
+    description: str = ""
+    guests: int = Field(ge=1, le=64, description="guests running at once")
+    control: dict[int, ControlSpec] = Field(
+        default_factory=dict,
+        description="guest number (1 = the first) -> controls of its host process, e.g. 5 = { nice = -20 }",
+    )
+
+    @model_validator(mode="after")
+    def _guests_exist(self) -> ConfigurationSpec:
+        for guest in self.control:
+            if not 1 <= guest <= self.guests:
+                raise ValueError(f"control names guest {guest}, but there are guests 1..{self.guests}")
+        return self
+
+    @property
+    def environments(self) -> list[str]:
+        return [guest_name(self.name, i) for i in range(1, self.guests + 1)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "guests": self.guests,
+            "control": {str(k): v.to_dict() for k, v in sorted(self.control.items())},
+            "environments": self.environments,
+        }
+
+
+class PriorityConfig(BaseModel):
+    """``[priority]``: the configurations, how often each runs, how finely CPU usage is sampled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    configuration: tuple[ConfigurationSpec, ...] = Field(
+        min_length=1, description="[[priority.configuration]] tables: name, guests, control"
+    )
+    repeat: int = Field(default=1, ge=1, le=1000, description="trials of every configuration, interleaved")
+    sample_interval_s: float = Field(
+        default=1.0, ge=0.1, le=60, description="CPU sampling interval of each guest's host process"
+    )
+    compare: tuple[str, str] | None = Field(
+        default=None, description="Table 3's configurations [before, after]; default the last two"
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> PriorityConfig:
+        names = [c.name for c in self.configuration]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise ValueError(f"configuration name {name!r} is used twice")
+        for name in self.compare or ():
+            if name not in names:
+                raise ValueError(f"compare names {name!r}, which is not a configuration ({', '.join(names)})")
+        return self
+
+
+def guest_name(configuration: str, index: int) -> str:
+    """The cell name of a guest in the results: ``c3/guest5``."""
+    return f"{configuration}/guest{index}"
+
+
+# --------------------------------------------------------------------------- one guest
+
+
+class _Stopped(Exception):
+    """The trial is being stopped (Ctrl-C, or another guest failed)."""
+
+
+class GuestFailure(Exception):
+    def __init__(self, error: str, log: str = "") -> None:
+        super().__init__(error)
+        self.log = log
+
+
+T = TypeVar("T")
+
+
+class Guest(ABC):
+    """One guest of one trial, driven from its own thread: provision, controls, phases, results."""
+
+    def __init__(
+        self,
+        name: str,
+        environment: Environment,
+        workload: Workload,
+        control: ControlSpec | None,
+        kernels: KernelBuild,
+        sampler: CpuSampler,
+        stop: threading.Event,
+    ) -> None:
+        self.name, self.environment, self.workload = name, environment, workload
+        self.control, self.kernels, self.sampler, self.stop = control, kernels, sampler, stop
+        self.phase = "provision"
+        self.error: str | None = None
+        self.log = ""
+        self.stopped = False
+        self.pid: int | None = None
+        self.samples: list[Sample] = []
+        self.setup_samples: list[Sample] = []
+        self.manifest: dict[str, Any] | None = None
+        self.applied: AppliedControls | None = None
+        self.observed_nice: list[int] | None = None
+        self.observed_cgroup: str | None = None
+        self._controls: Controls | None = None
+        self._provisioner: threading.Thread | None = None
+        self._provision_error: BaseException | None = None
+        self._sampled = False
+        self.done = threading.Event()
+
+    # -- the thread's body
+    def drive(self) -> None:
+        try:
+            self._drive()
+        except _Stopped:
+            self.stopped = True
+        except GuestFailure as failure:
+            self.error, self.log = str(failure), failure.log
+        except (EnvironmentError_, ControlError, ParseError) as error:
+            self.error, self.log = str(error), getattr(error, "log", "") or ""
+        except OSError as error:
+            self.error, self.log = f"{type(error).__name__}: {error}", traceback.format_exc()
+        except Exception as error:  # noqa: BLE001 - one guest's bug must not take the trial's threads down
+            self.error, self.log = f"{type(error).__name__}: {error}", traceback.format_exc()
+        finally:
+            self._finish()
+            if self.error is not None:
+                self.stop.set()  # the trial cannot count any more: end the other guests early
+            self.done.set()
+
+    @abstractmethod
+    def _drive(self) -> None:
+        """Provision, sample, control, mark the phases and read the workload's output back."""
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "environment": self.name,
+            "pid": self.pid,
+            "status": "failed" if self.error else "stopped" if self.stopped else "ok",
+            "error": self.error,
+            "controls": self.applied.to_dict() if self.applied else None,
+            "observed_nice": self.observed_nice,
+            "observed_cgroup": self.observed_cgroup,
+        }
+
+    # -- steps shared by every kind
+    def _start_provisioning(self) -> None:
+        def provision() -> None:
+            try:
+                self.environment.provision(self.kernels)
+            except BaseException as error:  # noqa: BLE001 - handed to the guest's thread
+                self._provision_error = error
+
+        self._provisioner = threading.Thread(target=provision, name=f"provision-{self.name}", daemon=True)
+        self._provisioner.start()
+
+    def _provisioned(self) -> bool:
+        assert self._provisioner is not None
+        if self._provisioner.is_alive():
+            return False
+        if self._provision_error is not None:
+            raise self._provision_error
+        return True
+
+    def _wait(self, probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
+        """Poll ``probe`` until it gives something; a provisioning error, a stop or the timeout ends it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.stop.is_set():
+                raise _Stopped
+            value = probe()
+            if value is not None and value is not False:
+                return value
+            if self._provision_error is not None:
+                raise self._provision_error
+            if time.monotonic() > deadline:
+                raise GuestFailure(
+                    f"{self.name}: no sign of {what} within {timeout_s:g} s", self._diagnosis()
+                )
+            time.sleep(_POLL_S)
+
+    def _start_sampling(self, pid: int, include_children: bool = False) -> None:
+        self.pid = pid
+        self.sampler.add(self.name, pid, include_children=include_children, phase="setup")
+        self._sampled = True
+
+    def _apply_controls(self, pid: int, tids: Sequence[int] | None) -> None:
+        if self.control is None or self.control.is_empty():
+            return
+        self._controls = Controls(self.control, self.environment.name)
+        self.applied = self._controls.apply(pid, list(tids) if tids is not None else None)
+
+    def _observe(self, pid: int) -> None:
+        """What the kernel says of the process while the workload runs: the nice value of each of its
+        threads and its cpu cgroup."""
+        seen = set()
+        for tid in threads_of(pid):
+            try:
+                seen.add(os.getpriority(os.PRIO_PROCESS, tid))
+            except OSError:
+                continue
+        self.observed_nice = sorted(seen)
+        mount = find_cpu_cgroup()
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return
+        self.observed_cgroup = parse_proc_cgroup(text, mount.version) if mount else None
+
+    def _mark(self, phase: str) -> None:
+        self.phase = phase
+        if self._sampled:
+            # A reading right at the boundary, so that no interval straddles two phases.
+            self.sampler.read_now(self.name)
+            self.sampler.mark(phase, self.name)
+
+    def _parse(self, output: str, status: int | None) -> None:
+        if status != 0:
+            raise GuestFailure(f"{self.name}: the workload ended with status {status}", output[-4000:])
+        self.samples = self.workload.parse(output)
+
+    def _diagnosis(self) -> str:
+        return ""
+
+    def _finish(self) -> None:
+        if self._provisioner is not None:
+            self._provisioner.join()  # teardown only acts on a provisioned environment
+        if self.error is None and not self.stopped:
+            try:
+                self.manifest = self.environment.manifest()
+            except (EnvironmentError_, OSError) as error:
+                self.manifest = {"error": str(error)}
+            self.setup_samples = self.environment.environment_samples()
+        try:
+            self.environment.teardown()
+        except Exception as error:  # noqa: BLE001 - the controls must still be undone
+            self.log += f"\nteardown failed: {error}"
+        if self._controls is not None:
+            try:
+                self._controls.undo()
+            except (ControlError, OSError) as error:
+                self.log += f"\nundoing the controls failed: {error}"
+
+
+class VmGuest(Guest):
+    """A QEMU guest: the workload is run by the guest's init (``virtlab.run``) as soon as it is up."""
+
+    @staticmethod
+    def boot_script(argv: Sequence[str]) -> str:
+        return f"echo {START_MARKER}\n{shlex.join(argv)} > {VM_OUTPUT} 2>&1\n"
+
+    @classmethod
+    def options_for(cls, options: Any, workload: Workload, bin_dir: str) -> Any:
+        """The template's options plus the kernel argument that makes the guest's init run the workload."""
+        script = base64.b64encode(cls.boot_script(workload.command(bin_dir)).encode()).decode()
+        return options.model_copy(update={"kernel_args": (*options.kernel_args, f"virtlab.run={script}")})
+
+    def _drive(self) -> None:
+        env = self.environment
+        self._console_at, self._console = 0, ""
+        self._start_provisioning()
+        pid = self._wait(lambda: env.qemu_pid, _SETUP_TIMEOUT_S, "QEMU starting")  # type: ignore[attr-defined]
+        self._start_sampling(pid)
+        tids = self._wait(lambda: env.vcpu_threads or None, 60, "QEMU's vCPU threads")  # type: ignore[attr-defined]
+        self._apply_controls(pid, tids)
+        self._mark("boot")
+        boot_limit = env.options.boot_timeout_s + 60  # type: ignore[attr-defined]
+        self._wait(lambda: self._console_has(START_MARKER), boot_limit, "the workload starting at boot")
+        self._mark("run")
+        self._observe(pid)
+        status = self._wait(self._exit_status, self.workload.timeout_s, "the workload ending")
+        self._mark("teardown")
+        self._wait(self._provisioned, 120, "the guest agent answering")
+        result = env.run(["tail", "-c", str(OUTPUT_TAIL_BYTES), VM_OUTPUT], timeout_s=120)
+        if not result.ok:
+            raise GuestFailure(f"{self.name}: reading the workload's output failed", result.log())
+        self._parse(result.stdout, int(status))
+
+    def _console_has(self, marker: str) -> bool:
+        self._check_alive()
+        path = self.environment.workdir / "console.log"
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._console_at)
+                news = handle.read()
+        except FileNotFoundError:
+            return False
+        self._console_at += len(news)
+        self._console += news.decode(errors="replace")
+        return any(line.strip().startswith(marker) for line in self._console.splitlines())
+
+    def _exit_status(self) -> str | None:
+        if not self._console_has(EXIT_MARKER):
+            return None
+        line = next(ln for ln in self._console.splitlines() if ln.strip().startswith(EXIT_MARKER))
+        return line.strip().removeprefix(EXIT_MARKER).strip() or "-1"
+
+    def _check_alive(self) -> None:
+        if self.pid is not None and self.environment.qemu_pid is None:  # type: ignore[attr-defined]
+            if self._provisioner is not None:
+                self._provisioner.join(timeout=30)  # a failed provisioning ends QEMU: its error says why
+            if self._provision_error is not None:
+                raise self._provision_error
+            raise GuestFailure(f"{self.name}: QEMU ended during {self.phase}", self._diagnosis())
+
+    def _diagnosis(self) -> str:
+        return f"--- serial console ---\n{getattr(self, '_console', '')[-8000:]}"
+
+
+class ContainerGuest(Guest):
+    """A runc container: the workload starts right after the container, held (SIGSTOP) until its
+    controls are on its host process, which its own children inherit."""
+
+    def _drive(self) -> None:
+        env = self.environment
+        self._start_provisioning()
+        init = self._wait(lambda: env.init_pid, _SETUP_TIMEOUT_S, "the container starting")  # type: ignore[attr-defined]
+        self._start_sampling(init, include_children=True)
+        self._wait(self._provisioned, _SETUP_TIMEOUT_S, "the container being ready")
+        self._mark("boot")
+        command = shlex.join(self.workload.command(env.bin_dir))
+        inner = (
+            f"kill -STOP $$; {command} > {CONTAINER_OUTPUT} 2>&1; echo {EXIT_MARKER}$? > {CONTAINER_STATUS}"
+        )
+        started = env.run(
+            ["sh", "-c", f"sh -c {shlex.quote(inner)} </dev/null >/dev/null 2>&1 & echo $!"], 60
+        )
+        if not started.ok or not started.stdout.strip().isdigit():
+            raise GuestFailure(f"{self.name}: starting the workload failed", started.log())
+        inside = int(started.stdout.strip())
+        shell = self._wait(lambda: _held_child(init, inside), 30, "the workload's shell waiting")
+        start_ticks = parse_stat(Path(f"/proc/{shell}/stat").read_text()).starttime
+        self._apply_controls(shell, None)
+        self._mark("run")
+        os.kill(shell, signal.SIGCONT)
+        self._observe(shell)
+        self._wait(lambda: not _alive(shell, start_ticks), self.workload.timeout_s, "the workload ending")
+        self._mark("teardown")
+        result = env.run(
+            ["sh", "-c", f"cat {CONTAINER_STATUS}; tail -c {OUTPUT_TAIL_BYTES} {CONTAINER_OUTPUT}"], 60
+        )
+        lines = result.stdout.splitlines()
+        status = lines[0].removeprefix(EXIT_MARKER) if lines and lines[0].startswith(EXIT_MARKER) else None
+        if not result.ok or status is None or not status.lstrip("-").isdigit():
+            raise GuestFailure(f"{self.name}: reading the workload's output failed", result.log())
+        self._parse("\n".join(lines[1:]), int(status))
+
+
+def _held_child(parent: int, inside_pid: int) -> int | None:
+    """The host pid of the child of ``parent`` whose pid in its namespace is ``inside_pid``, once it
+    has stopped itself (state T)."""
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{parent}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:
+                status = Path(f"/proc/{child}/status").read_text()
+                state = parse_stat(Path(f"/proc/{child}/stat").read_text()).state
+            except (OSError, ValueError):
+                continue
+            nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+            if nspid and int(nspid[-1]) == inside_pid and state == "T":
+                return child
+    return None
+
+
+def _alive(pid: int, start_ticks: int) -> bool:
+    try:
+        stat = parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError):
+        return False
+    return stat.starttime == start_ticks and stat.state not in ("Z", "X")
+
+
+GUEST_KINDS: dict[str, type[Guest]] = {"vm": VmGuest, "container": ContainerGuest}
+
+
+# --------------------------------------------------------------------------- the scenario
+
+
+@register_scenario
+class PriorityScenario(Scenario):
+    name = "priority"
+    summary = "K guests at once running a workload from boot, one at a higher host priority (seed 002)"
+    Config = PriorityConfig
+
+    @classmethod
+    def check(
+        cls,
+        config: PriorityConfig,
+        study: StudySpec,
+        environments: Sequence[EnvironmentSpec],
+        workloads: Sequence[WorkloadSpec],
+    ) -> list[PlanProblem]:
+        problems: list[PlanProblem] = []
+        for key in _GRID_KEYS:
+            if key in study.model_fields_set:
+                problems.append(
+                    (f"study.{key}", "a priority study is not a grid of cells",
+                     "remove it; [priority] repeat sets the trials of every configuration")
+                )  # fmt: skip
+        if len(environments) != 1 or environments[0].kind not in GUEST_KINDS:
+            problems.append(
+                ("environment", "a priority study needs exactly one [[environment]]: the guest template",
+                 f"keep one, of kind {' or '.join(GUEST_KINDS)}")
+            )  # fmt: skip
+        if len(workloads) != 1:
+            problems.append(("workload", "a priority study runs one [[workload]] in every guest", "keep one"))
+        if problems:
+            return problems
+        template = environments[0]
+        for configuration in config.configuration:
+            for guest, spec in configuration.control.items():
+                where = f"priority.configuration ({configuration.name}).control.{guest}"
+                if template.kind == "container" and spec.pin_vcpus is not None:
+                    problems.append((where, "pin_vcpus: a container has no vCPUs", "use pin_process"))
+                quota = getattr(template.options, "cpu_quota_us", lambda: None)()
+                if template.kind == "container" and spec.needs_cgroup and quota is not None:
+                    problems.append(
+                        (where, "a cgroup control would move the workload out of the container's CPU quota",
+                         "use nice, or give the container cpus as a list of CPU ids")
+                    )  # fmt: skip
+        return problems
+
+    @classmethod
+    def preflight(cls, plan: Plan) -> KernelBuild:
+        template, workload = plan.environments[0], plan.workloads[0]
+        problems = [
+            f"environment {template.name!r}: {p}"
+            for p in template.cls.preflight(template.options, workload.workload.tools)
+        ]
+        config: PriorityConfig = plan.scenario
+        vcpus = getattr(template.options, "vcpus", None)
+        for configuration in config.configuration:
+            for guest, spec in configuration.control.items():
+                for problem in validate_against_host(spec, vcpus=vcpus):
+                    problems.append(f"{guest_name(configuration.name, guest)}: {problem}")
+        if problems:
+            raise InputError(
+                plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
+            )
+        try:
+            return build_kernels()
+        except BuildError as error:
+            raise InputError(
+                "virtlab kernels", str(error), "apt-get install build-essential libgmp-dev libmpfr-dev"
+            ) from None
+
+    def __init__(
+        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
+    ) -> None:
+        self.plan, self.out_dir, self.store, self.kernels, self.progress = (
+            plan,
+            out_dir,
+            store,
+            kernels,
+            progress,
+        )
+        self.config: PriorityConfig = plan.scenario
+        self.template = plan.environments[0]
+        self.workload = plan.workloads[0]
+        self.outcome = StudyOutcome(out_dir)
+
+    # -- the study
+    def run(self) -> StudyOutcome:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self._record_study()
+        try:
+            done = {key for key in self.store.get(TRIALS_KEY, []) if self._trial(key).get("status") == "ok"}
+            todo = [
+                (configuration, repetition)
+                for repetition in range(self.config.repeat)
+                for configuration in self.config.configuration
+                if _trial_key(configuration.name, repetition) not in done
+            ]
+            self.progress.start(len(todo))
+            for configuration, repetition in todo:
+                label = f"trial {repetition + 1} of {self.config.repeat}"
+                self.progress.trial(
+                    f"{configuration.name} ({configuration.guests} guests)", self.workload.name, label
+                )
+                self._run_trial(configuration, repetition)
+                self.progress.advance()
+                self._write_outputs(reports=False)
+            self.store.put("status", "finished")
+        except KeyboardInterrupt:
+            self.outcome.interrupted = True
+            self.store.put("status", "interrupted")
+            self.progress.note("interrupted: every finished trial is stored; continue with --resume")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.progress.stop()
+            self._finish_study()
+        return self.outcome
+
+    def _run_trial(self, configuration: ConfigurationSpec, repetition: int) -> None:
+        stop = threading.Event()
+        sampler = CpuSampler(self.config.sample_interval_s).start()
+        guests = [
+            self._guest(configuration, index, sampler, stop) for index in range(1, configuration.guests + 1)
+        ]
+        threads = [threading.Thread(target=g.drive, name=f"guest-{g.name}", daemon=True) for g in guests]
+        started, t0 = time.time(), time.monotonic()
+        for thread in threads:
+            thread.start()
+        try:
+            _wait_for(guests)
+        except KeyboardInterrupt:
+            self.progress.note(f"stopping {configuration.name}: tearing its guests down")
+            stop.set()
+            _wait_for(guests)
+            raise
+        finally:
+            timeline = sampler.stop()
+        self._store_trial(
+            configuration, repetition, guests, timeline.to_dict(), started, time.monotonic() - t0
+        )
+
+    def _guest(
+        self, configuration: ConfigurationSpec, index: int, sampler: CpuSampler, stop: threading.Event
+    ) -> Guest:
+        name = guest_name(configuration.name, index)
+        safe = name.replace("/", "-")
+        workdir = self.out_dir / "environments" / safe
+        workdir.mkdir(parents=True, exist_ok=True)
+        kind = GUEST_KINDS[self.template.kind]
+        environment = self.template.cls(safe, self.template.options, workdir)
+        if kind is VmGuest:
+            options = VmGuest.options_for(self.template.options, self.workload.workload, environment.bin_dir)
+            environment = self.template.cls(safe, options, workdir)
+        control = configuration.control.get(index)
+        return kind(name, environment, self.workload.workload, control, self.kernels, sampler, stop)
+
+    # -- storing
+    def _store_trial(
+        self,
+        configuration: ConfigurationSpec,
+        repetition: int,
+        guests: list[Guest],
+        timeline: dict[str, Any],
+        started: float,
+        elapsed_s: float,
+    ) -> None:
+        failed = [g for g in guests if g.error is not None]
+        ok = not failed and not any(g.stopped for g in guests)
+        options = self.template.describe()["options"]
+        for guest in guests:
+            status = "failed" if guest.error else "stopped" if guest.stopped else "ok"
+            self.store.put_environment(
+                guest.name, self.template.kind, options, status, guest.manifest, guest.error
+            )
+        if ok:
+            for guest in guests:
+                self.store.add_trial(
+                    TrialRecord(
+                        guest.name, self.workload.name, repetition, started, elapsed_s, tuple(guest.samples)
+                    )
+                )
+                if guest.setup_samples:
+                    self.store.add_trial(
+                        TrialRecord(
+                            guest.name, SETUP_WORKLOAD, repetition, started, 0.0, tuple(guest.setup_samples)
+                        )
+                    )
+        for guest in failed:
+            assert guest.error is not None
+            self.store.add_failure(
+                FailureRecord(
+                    guest.name,
+                    self.workload.name,
+                    repetition,
+                    guest.phase,
+                    guest.error,
+                    guest.log,
+                    time.time(),
+                )
+            )
+            self.outcome.failed_cells.add((guest.name, self.workload.name))
+            self.progress.note(f"FAILED {guest.name} ({guest.phase}): {guest.error}")
+        key = _trial_key(configuration.name, repetition)
+        record = {
+            "configuration": configuration.name,
+            "repetition": repetition,
+            "status": "ok" if ok else "failed",
+            "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
+            "elapsed_s": round(elapsed_s, 3),
+            "guests": [g.record() for g in guests],
+            "timeline": timeline,
+        }
+        self.store.put(key, record)
+        keys = [k for k in self.store.get(TRIALS_KEY, []) if k != key]
+        self.store.put(TRIALS_KEY, [*keys, key])
+
+    def _trial(self, key: str) -> dict[str, Any]:
+        return self.store.get(key) or {}
+
+    def _record_study(self) -> None:
+        from virtlab.metadata import collect_host_metadata, collect_tool_versions
+
+        started = self.store.get("metadata", {}).get("started") or _now()
+        self.store.put("plan_sha256", self.plan.sha256)
+        self.store.put("plan_text", self.plan.text)
+        tools = sorted({"cc", *self.workload.workload.tools})
+        self.store.put(
+            "metadata",
+            {
+                "virtlab_version": __version__,
+                "started": started,
+                "ended": None,
+                "host": collect_host_metadata(),
+                "tools": collect_tool_versions(tools),
+                "kernels": self.kernels.metadata(),
+            },
+        )
+        setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
+        self.store.put("workloads", [self.workload.describe(), setup])
+        names = [name for c in self.config.configuration for name in c.environments]
+        self.store.put("environment_order", names)
+        self.store.put("status", "running")
+        self._put_study_summary("running")
+        self.store.clear_failures()
+
+    def _put_study_summary(self, status: str) -> None:
+        study = self.plan.study
+        first = self.config.configuration[0].environments[0]
+        self.store.put(
+            "study",
+            {
+                "name": study.name, "description": study.description, "scenario": self.name,
+                "trials": self.config.repeat, "warmups": 0, "reduction": study.reduction,
+                "threshold_pct": study.threshold_pct, "baseline": first, "order": "interleave",
+                "target_cov_pct": None, "plan_file": self.plan.source, "plan_sha256": self.plan.sha256,
+                "status": status,
+            },
+        )  # fmt: skip
+
+    def _finish_study(self) -> None:
+        metadata = self.store.get("metadata", {})
+        metadata["ended"] = _now()
+        self.store.put("metadata", metadata)
+        self._put_study_summary(self.store.get("status"))
+        self._write_outputs(reports=True)
+
+    def _write_outputs(self, reports: bool) -> None:
+        results = write_outputs(self.out_dir, self.store, reports=False)
+        results["scenario"] = build_section(
+            config=self.config.model_dump(mode="json"),
+            configurations=[c.describe() for c in self.config.configuration],
+            workload=self.workload.name,
+            cells=results["cells"],
+            trials=[self._trial(key) for key in self.store.get(TRIALS_KEY, [])],
+            host_cpus=len(os.sched_getaffinity(0)),
+            compare=self.config.compare,
+        )
+        write_results_json(results, self.out_dir / "results.json")
+        if reports:
+            write_priority_reports(results, self.out_dir)
+
+
+def _wait_for(guests: Sequence[Guest]) -> None:
+    # Sleeping, not Thread.join: a Ctrl-C that interrupts a join may leave the thread taken for
+    # finished, and the guests' daemon threads would die with their VMs still running.
+    while not all(guest.done.is_set() for guest in guests):
+        time.sleep(0.1)
+
+
+def _trial_key(configuration: str, repetition: int) -> str:
+    return f"priority/trial/{configuration}/{repetition}"
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
