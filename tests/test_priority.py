@@ -438,3 +438,13 @@ def test_the_same_study_with_containers_and_a_cgroup_weight(tmp_path):
     again = virtlab_run(plan, tmp_path / "out", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]
     check_study(tmp_path / "out")
+    # `virtlab report` rebuilds the scenario's own report from the database, not the generic one
+    (tmp_path / "out" / "report.md").unlink()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "virtlab", "report", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert "## Table 2 · execution times (s)" in (tmp_path / "out" / "report.md").read_text()
+    check_study(tmp_path / "out")

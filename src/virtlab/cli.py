@@ -69,10 +69,30 @@ def report(directory: Annotated[Path, typer.Argument(help="a results directory")
 
     store = open_results_dir(directory)
     try:
-        write_outputs(directory, store, reports=True)
+        scenario = _scenario_of(directory, store)
+        if scenario is not None:
+            scenario.write_outputs(reports=True)
+        else:
+            write_outputs(directory, store, reports=True)
     finally:
         store.close()
     console.print(f"wrote {directory}/report.md and {directory}/report.html")
+
+
+def _scenario_of(directory: Path, store):
+    """The scenario that wrote a results directory (from its stored plan), or None for a grid study."""
+    from virtlab.plan import parse_plan
+    from virtlab.progress import SilentProgress
+
+    text = store.get("plan_text")
+    if not text:
+        return None
+    plan = parse_plan(text, str(directory / "results.sqlite (stored plan)"))
+    if plan.study.scenario is None:
+        return None
+    from virtlab.scenarios import SCENARIOS
+
+    return SCENARIOS.get(plan.study.scenario)(plan, directory, store, None, SilentProgress())
 
 
 @app.command()

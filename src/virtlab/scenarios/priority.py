@@ -586,7 +586,7 @@ class PriorityScenario(Scenario):
                 )
                 self._run_trial(configuration, repetition)
                 self.progress.advance()
-                self._write_outputs(reports=False)
+                self.write_outputs(reports=False)
             self.store.put("status", "finished")
         except KeyboardInterrupt:
             self.outcome.interrupted = True
@@ -744,9 +744,10 @@ class PriorityScenario(Scenario):
         metadata["ended"] = _now()
         self.store.put("metadata", metadata)
         self._put_study_summary(self.store.get("status"))
-        self._write_outputs(reports=True)
+        self.write_outputs(reports=True)
 
-    def _write_outputs(self, reports: bool) -> None:
+    def write_outputs(self, reports: bool) -> None:
+        """results.json with the scenario section (and the reports), rebuilt from the store."""
         results = write_outputs(self.out_dir, self.store, reports=False)
         results["scenario"] = build_section(
             config=self.config.model_dump(mode="json"),
