@@ -3,6 +3,10 @@
 The data flows one way: plan -> schedule -> environment runs workload -> trial stored ->
 outputs rebuilt. A failing cell is stored with its log and the study goes on; Ctrl-C
 (or SIGTERM) stops after tearing the environments down, keeping every finished trial.
+
+A network workload (``PeerWorkload``) has a server side: its trial starts the servers in the peer
+environment(s), runs the client(s) at once, stops the servers and parses the clients' output (see
+``virtlab.workloads._peer`` for who runs what).
 """
 
 from __future__ import annotations
@@ -10,14 +14,16 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from virtlab import __version__, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
-from virtlab.environments import Environment, EnvironmentError_
-from virtlab.environments._base import SETUP_WORKLOAD
+from virtlab.environments import CommandResult, Environment, EnvironmentError_
+from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
 from virtlab.errors import InputError
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import write_outputs
@@ -26,8 +32,13 @@ from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
 from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, combine
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+LISTEN_WAIT_S = 30.0
+"""How long a client keeps trying to connect while its server starts (a TCG guest is slow)."""
+_RETRY_S = 0.25
+_SERVER_STOP_S = 5.0
 
 
 class TrialFailure(Exception):
@@ -84,6 +95,16 @@ def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
 
 def preflight(plan: Plan) -> KernelBuild:
     """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell."""
+    names = [env.name for env in plan.environments]
+    for spec in plan.workloads:
+        if isinstance(spec.workload, PeerWorkload):
+            for peer in spec.workload.peer_names():
+                if peer not in names:
+                    raise InputError(
+                        plan.source,
+                        f"workload {spec.name!r}: no environment named {peer!r} (its peer)",
+                        f"use one of: {', '.join(names)}",
+                    )
     problems = []
     for env in plan.environments:
         for workload in plan.workloads:
@@ -115,7 +136,13 @@ class StudyRunner:
         self.outcome = StudyOutcome(out_dir)
         self.environments: dict[str, Environment] = {}
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
-        self.cells: list[Cell] = [(env.name, w.name) for w in plan.workloads for env in plan.environments]
+        # A network workload's senders and receivers are peers of its cells, not cells of it.
+        self.cells: list[Cell] = [
+            (env.name, w.name)
+            for w in plan.workloads
+            for env in plan.environments
+            if not isinstance(w.workload, PeerWorkload) or w.workload.runs_in(env.name)
+        ]
 
     def run(self) -> StudyOutcome:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -288,7 +315,10 @@ class StudyRunner:
             if workload.cache_sensitive:
                 context["host_cache"] = drop_host_caches()
             steal_before = _steal(environment)
-            samples = self._measure(environment, workload)
+            if isinstance(workload, PeerWorkload):
+                samples = self._measure_peers(task.environment, workload)
+            else:
+                samples = self._measure(environment, workload)
             steal_after = _steal(environment)
         except TrialFailure as failure:
             self.outcome.failed_cells.add(task.cell)
@@ -325,6 +355,104 @@ class StudyRunner:
             return workload.parse(result.stdout)
         except ParseError as error:
             raise TrialFailure(f"output not understood: {error}", result.log()) from None
+
+    # -- network workloads -------------------------------------------------------------
+    def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:
+        links = workload.links(cell, self.plan.baseline)
+        for name in sorted({name for link in links for name in (link.client, link.server)}):
+            if name not in self.environments:
+                raise TrialFailure(f"peer environment {name!r} is not running (its provisioning failed)", "")
+        return measure_peers(self.environments, links, workload)
+
+
+def measure_peers(
+    environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
+) -> list[Sample]:
+    """One trial of a network workload: the servers of every link started, the clients run at once
+    (each trying again while its server comes up), the servers stopped, the clients' outputs parsed
+    and combined; a failure anywhere is the trial's, with the logs of both sides."""
+    servers: list[tuple[Link, BackgroundCommand]] = []
+    stopped: list[tuple[Link, bool, CommandResult]] = []  # link, ended before stop(), result
+    try:
+        addresses = {link: _server_address(environments, link) for link in links}
+        for link in links:
+            server = environments[link.server]
+            for argv in workload.server_commands(server.bin_dir, link.slot, bind=addresses[link]):
+                servers.append((link, server.start(argv)))
+
+        def client(link: Link) -> CommandResult:
+            own = [command for where, command in servers if where == link]
+            return _run_client(environments[link.client], link, workload, addresses[link], own)
+
+        with ThreadPoolExecutor(max_workers=len(links)) as pool:
+            results = list(pool.map(client, links))
+    except (EnvironmentError_, OSError, NotImplementedError) as error:
+        raise TrialFailure(f"environment error: {error}", getattr(error, "log", "") or repr(error)) from None
+    finally:
+        stopped = [(link, not command.running(), command.stop(_SERVER_STOP_S)) for link, command in servers]
+    parsed = []
+    for link, result in zip(links, results, strict=True):
+        own = [(ended, server) for where, ended, server in stopped if where == link]
+        log = _peer_log(link, result, [server for _, server in own])
+        where = f"client in {link.client} -> server in {link.server}"
+        if result.timed_out:
+            raise TrialFailure(f"{where}: timed out after {workload.timeout_s:g} s", log)
+        if workload.not_listening(result.stdout, result.stderr):
+            ended = [f"exit status {server.exit_code}" for early, server in own if early]
+            why = f"the server ended ({', '.join(ended)})" if ended else f"within {LISTEN_WAIT_S:g} s"
+            raise TrialFailure(f"{where}: no server listening: {why}", log)
+        if result.exit_code != 0:
+            raise TrialFailure(f"{where}: exit status {result.exit_code}", log)
+        try:
+            samples = workload.parse(result.stdout)
+        except ParseError as error:
+            raise TrialFailure(f"{where}: output not understood: {error}", log) from None
+        path = "loopback" if link.client == link.server else "network"
+        info = {"client": link.client, "server": link.server, "address": addresses[link], "path": path}
+        parsed.append((info, samples))
+    return combine(parsed)
+
+
+def _server_address(environments: Mapping[str, Environment], link: Link) -> str:
+    """Where the client reaches the server: loopback within one environment, else the server's
+    address on virtlab's network (the client's is asked for too: native joins the network then)."""
+    if link.client == link.server:
+        return LOOPBACK
+    addresses = {}
+    for name in (link.server, link.client):
+        environment = environments[name]
+        address = addresses[name] = environment.network_address()
+        if address is None:
+            raise TrialFailure(
+                f"environment {name!r} ({environment.kind}) has no address on virtlab's network: "
+                'a container needs network = "bridge", a VM network = "bridge"',
+                "",
+            )
+    return str(addresses[link.server])
+
+
+def _run_client(
+    environment: Environment,
+    link: Link,
+    workload: PeerWorkload,
+    address: str,
+    servers: list[BackgroundCommand],
+) -> CommandResult:
+    argv = workload.client_command(environment.bin_dir, address, link.slot)
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while True:
+        result = environment.run(argv, workload.timeout_s)
+        refused = not result.timed_out and workload.not_listening(result.stdout, result.stderr)
+        if not refused or time.monotonic() > deadline or not all(s.running() for s in servers):
+            return result
+        time.sleep(_RETRY_S)
+
+
+def _peer_log(link: Link, client: CommandResult, servers: list[CommandResult]) -> str:
+    parts = [f"=== client in {link.client} ===", client.log()]
+    for server in servers:
+        parts += [f"=== server in {link.server} ===", server.log()]
+    return "\n".join(parts)
 
 
 def _steal(environment: Environment) -> float | None:

@@ -8,6 +8,10 @@ call twice, a timed-out command is reported, not raised).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import tempfile
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -55,6 +59,99 @@ class CommandResult:
         return "\n".join(parts)
 
 
+class BackgroundCommand(ABC):
+    """A command started by ``Environment.start``: it runs beside virtlab (a network test's server)
+    until it ends by itself or ``stop()`` ends it."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = tuple(argv)
+        self.started = time.monotonic()
+        self._result: CommandResult | None = None
+
+    @abstractmethod
+    def running(self) -> bool:
+        """Whether the command has not ended yet."""
+
+    def stop(self, timeout_s: float = 5.0) -> CommandResult:
+        """End the command (SIGTERM, then SIGKILL after ``timeout_s``) unless it has ended, and return
+        its status and output; a command ended by a signal has minus that signal as its exit code,
+        like ``subprocess``. Calling it again returns the same result."""
+        if self._result is None:
+            self._result = self._stop(timeout_s)
+        return self._result
+
+    @abstractmethod
+    def _stop(self, timeout_s: float) -> CommandResult: ...
+
+
+class ProcessCommand(BackgroundCommand):
+    """A background command that is a local process (``popen_argv``: the command itself, or the
+    ``runc exec`` / ``ssh`` carrying it). Its output goes to files, not pipes, so that a chatty
+    command never blocks on a full pipe nobody reads. ``send_signal(process, signal)`` reaches the
+    command and what it forked; by default the process group of ``popen_argv``."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        popen_argv: list[str],
+        send_signal: Callable[[subprocess.Popen[bytes], int], None] | None = None,
+        cleanup: Callable[[], None] | None = None,
+        **popen_options: Any,
+    ) -> None:
+        super().__init__(argv)
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._send_signal = send_signal or _signal_group
+        self._cleanup = cleanup
+        try:
+            self.process = subprocess.Popen(
+                popen_argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err, **popen_options
+            )
+        except BaseException:
+            self._close()
+            raise
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def _stop(self, timeout_s: float) -> CommandResult:
+        try:
+            for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+                if not self.running():
+                    break
+                self._send_signal(self.process, sig)
+                try:
+                    self.process.wait(timeout=wait_s)
+                except subprocess.TimeoutExpired:
+                    continue
+            if self.running():  # not even SIGKILL ended it: the output so far, and it is left alone
+                return self._result_now(-signal.SIGKILL, "\n[virtlab: the command did not end on SIGKILL]")
+            return self._result_now(self.process.returncode, "")
+        finally:
+            if self._cleanup is not None:
+                self._cleanup()
+            self._close()
+
+    def _result_now(self, code: int, note: str) -> CommandResult:
+        out, err = (_read_all(handle) for handle in (self._out, self._err))
+        return CommandResult(self.argv, code, out, err + note, time.monotonic() - self.started)
+
+    def _close(self) -> None:
+        self._out.close()
+        self._err.close()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_all(handle: Any) -> str:
+    handle.seek(0)
+    return handle.read().decode(errors="replace")
+
+
 class EnvironmentError_(RuntimeError):
     """An environment could not be provisioned or lost; carries the log to store."""
 
@@ -94,6 +191,19 @@ class Environment(ABC):
             raise RuntimeError(f"environment {self.name!r} runs a command before provision()")
         return self._run(list(argv), timeout_s)
 
+    def start(self, argv: list[str]) -> BackgroundCommand:
+        """Start ``argv`` in the background (a network test's server) and return at once; the
+        caller ends it with ``stop()``, which returns its output."""
+        if not self._provisioned:
+            raise RuntimeError(f"environment {self.name!r} starts a command before provision()")
+        return self._start_background(list(argv))
+
+    def network_address(self) -> str | None:
+        """This environment's address on virtlab's own network (198.18.0.0/15), where a peer in
+        another environment reaches its servers; None when it is not attached to that network
+        (or, for an SSH host, the address the plan gives)."""
+        return None
+
     def teardown(self) -> None:
         if self._provisioned:
             self._provisioned = False
@@ -112,6 +222,12 @@ class Environment(ABC):
 
     @abstractmethod
     def _delete(self) -> None: ...
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        raise NotImplementedError(
+            f"environment kind {self.kind!r} cannot run a command in the background, which a network "
+            "workload's server needs; use it as the client side only"
+        )
 
     @abstractmethod
     def copy_in(self, source: Path, destination: str) -> None: ...

@@ -49,10 +49,12 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from virtlab import network as vnet
 from virtlab.build import KernelBuild, cache_root
 from virtlab.environments._base import (
+    BackgroundCommand,
     CommandResult,
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    ProcessCommand,
     register_environment,
 )
 from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
@@ -260,6 +262,32 @@ class ContainerEnvironment(Environment):
         if not result.ok and not timed_out and not self._running():
             raise EnvironmentError_(f"container {self.container_id} is not running any more", result.log())
         return result
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        assert self.bundle is not None
+        pid_file = self.bundle / f"exec-{next(self._execs)}.pid"
+
+        def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
+            # The command inside is a session leader (runc exec); before runc has written its PID,
+            # runc itself, which passes the signal on.
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                pid = None
+            for group in (pid, process.pid if pid is None or sig == signal.SIGKILL else None):
+                if group is not None:
+                    try:
+                        os.killpg(group, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+        return ProcessCommand(
+            argv, [*_runc(), "exec", "--pid-file", str(pid_file), self.container_id, *argv],
+            send_signal, lambda: pid_file.unlink(missing_ok=True), process_group=0,
+        )  # fmt: skip
+
+    def network_address(self) -> str | None:
+        return str(self.attachment.address.ip) if self.attachment and self.attachment.address else None
 
     def _running(self) -> bool:
         done = _runc_call("state", self.container_id)

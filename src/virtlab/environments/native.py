@@ -1,4 +1,8 @@
-"""The host itself: the baseline every overhead is measured against."""
+"""The host itself: the baseline every overhead is measured against.
+
+Its side of virtlab's network (``network_address``) is a veth from this process's namespace to the
+shared bridge, made the first time a network workload asks for it and removed at teardown.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from virtlab import network as vnet
 from virtlab.build import KernelBuild
 from virtlab.environments._base import (
+    BackgroundCommand,
     CommandResult,
     Environment,
+    EnvironmentError_,
     EnvironmentOptions,
+    ProcessCommand,
     register_environment,
     steal_seconds,
 )
@@ -29,6 +37,9 @@ class NativeEnvironment(Environment):
     Options = NativeOptions
 
     _bin_dir: str = ""
+    _network: vnet.VirtualNetwork | None = None
+    _attachment: vnet.Attachment | None = None
+    _owns_attachment: bool = False
 
     @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
@@ -45,7 +56,32 @@ class NativeEnvironment(Environment):
         return run_process(argv, timeout_s)
 
     def _delete(self) -> None:
-        pass
+        network, attachment = self._network, self._attachment
+        self._network, self._attachment = None, None
+        if network is not None:
+            try:
+                if attachment is not None and self._owns_attachment:
+                    network.detach(attachment)
+            finally:
+                network.release()
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        # A session of its own: stop() signals the command and everything it forked.
+        return ProcessCommand(argv, argv, start_new_session=True)
+
+    def network_address(self) -> str | None:
+        if self._attachment is None:
+            try:
+                self._network = self._network or vnet.VirtualNetwork.shared()
+                # One port per namespace: a second one of the same subnet would add a second route
+                # to it (an SSH test host may have attached this namespace already).
+                existing = next((a for a in self._network.attachments if a.target is None), None)
+                self._owns_attachment = existing is None
+                self._attachment = existing or self._network.attach_namespace(None)
+            except vnet.NetworkError as error:
+                raise EnvironmentError_(f"native: joining virtlab's network failed: {error}") from error
+        assert self._attachment.address is not None
+        return str(self._attachment.address.ip)
 
     def steal_s(self) -> float | None:
         try:

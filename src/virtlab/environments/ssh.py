@@ -52,10 +52,12 @@ from pydantic import Field, field_validator
 
 from virtlab.build import KernelBuild, compile_argv, kernel_sources, link_libs
 from virtlab.environments._base import (
+    BackgroundCommand,
     CommandResult,
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    ProcessCommand,
     register_environment,
 )
 from virtlab.environments._process import run_process
@@ -93,6 +95,12 @@ while [ ! -s "$1" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done
 pgid=$(cat -- "$1")
 kill -9 "-$pgid" 2>/dev/null || kill -9 "$pgid" 2>/dev/null
 rm -f -- "$1"
+"""
+# Sends a signal (a number) to a background command's process group, leaving its PID file.
+_SIGNAL = """[ -s "$1" ] || exit 0
+pgid=$(cat -- "$1")
+kill "-$2" "-$pgid" 2>/dev/null || kill "-$2" "$pgid" 2>/dev/null
+exit 0
 """
 # What the remote looks like, in sections; every read may fail on an unusual system.
 _PROBE = """section() { printf '\\n== %s\\n' "$1"; }
@@ -323,6 +331,25 @@ class SshEnvironment(Environment):
             if diagnosis is not None:
                 raise EnvironmentError_(f"ssh {self.target}: {diagnosis[0]} (during a command)", result.log())
         return result
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        pidfile = f"{self.remote_dir}/run/{next(self._runs)}.pid"
+        wrapped = ["sh", "-c", _WRAPPER, "virtlab-run", self.remote_dir, pidfile, *argv]
+
+        def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
+            # The remote command first: the local ssh ends when it does (see _stop).
+            remote = ["sh", "-c", _SIGNAL, "virtlab-signal", pidfile, str(int(sig))]
+            run_process(self._ssh_argv(remote), _KILL_TIMEOUT_S)
+            if sig == signal.SIGKILL:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+        return ProcessCommand(argv, self._ssh_argv(wrapped), send_signal, start_new_session=True)
+
+    def network_address(self) -> str | None:
+        return self.options.host
 
     def _master_alive(self) -> bool:
         return run_process(self._ssh_argv(None, ("-O", "check")), _KILL_TIMEOUT_S).exit_code == 0

@@ -15,27 +15,37 @@ One VM lives from ``provision`` to ``teardown``::
 
 Accelerator: KVM only when ``virtlab.accel.probe_kvm`` saw guest code really run under it;
 otherwise TCG. The choice and the probe's reason go into the manifest of every result.
+
+Network: ``user`` (the default) is QEMU's user-mode stack with ``restrict=on``: the guest reaches
+nothing beyond QEMU. ``bridge`` gives the NIC a tap device on virtlab's own bridge (``virtlab.network``),
+moved there while QEMU is still paused, and the guest the next address of that network on its kernel
+command line: peers (native, containers, other VMs) reach it there, and nothing else does.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from virtlab import network as vnet
 from virtlab.build import KernelBuild, build_kernels
 from virtlab.environments._base import (
+    BackgroundCommand,
     CommandResult,
     Environment,
     EnvironmentError_,
@@ -100,7 +110,15 @@ class VmOptions(EnvironmentOptions):
         default=None, description="host block device passed through as the second disk"
     )
     nic: Literal["virtio-net", "e1000", "none"] = Field(
-        default="virtio-net", description="NIC model, on QEMU user networking restricted to the VM"
+        default="virtio-net", description="NIC model (virtio-net: paravirtual; e1000: an emulated Intel NIC)"
+    )
+    network: Literal["user", "bridge"] = Field(
+        default="user",
+        description="user: QEMU user networking restricted to the VM (restrict=on); bridge: a tap on "
+        "virtlab's own bridge (198.18.0.0/15) with an address peers reach (network workloads)",
+    )
+    mtu: int = Field(
+        default=vnet.DEFAULT_MTU, ge=576, le=65535, description="MTU of the tap and the guest's NIC (bridge)"
     )
     pin: tuple[int, ...] | None = Field(
         default=None, description="host CPU of each vCPU: vCPU i runs on pin[i]"
@@ -135,6 +153,10 @@ class VmOptions(EnvironmentOptions):
         for arg in self.kernel_args:
             if not arg or any(c.isspace() for c in arg):
                 raise ValueError(f"kernel_args: {arg!r} is not one kernel argument (no blanks inside)")
+        if self.network == "bridge" and self.nic == "none":
+            raise ValueError('network = "bridge" needs a NIC: nic = "virtio-net" or "e1000"')
+        if self.network == "user" and self.mtu != vnet.DEFAULT_MTU:
+            raise ValueError('mtu applies to network = "bridge" (QEMU user networking has its own)')
         return self
 
 
@@ -163,14 +185,17 @@ def root_device(options: VmOptions) -> str:
     return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"
 
 
-def kernel_cmdline(options: VmOptions, accelerator: str, tsc_khz: int | None = None) -> str:
+def kernel_cmdline(
+    options: VmOptions, accelerator: str, tsc_khz: int | None = None, ip: str | None = None
+) -> str:
+    """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address."""
     extra = list(options.kernel_args)
     if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
         # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
         # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
         # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
         extra.insert(0, f"tsc_early_khz={tsc_khz}")
-    return guest_cmdline(root=root_device(options), sshd=False, extra=tuple(extra))
+    return guest_cmdline(root=root_device(options), sshd=False, ip=ip, extra=tuple(extra))
 
 
 def _cpu_ranges(cpus: list[int]) -> str:
@@ -206,10 +231,14 @@ def qemu_argv(
     append: str,
     name: str = "vm",
     qemu: str = QEMU,
+    tap: str | None = None,
+    mac: str | None = None,
 ) -> list[str]:
     """The complete QEMU command line of a VM; a pure function of its arguments.
 
-    The VM starts paused (``-S``): QMP pins its vCPU threads and then lets it run.
+    The VM starts paused (``-S``): QMP pins its vCPU threads and then lets it run. With
+    ``network = "bridge"``, ``tap`` names the tap device QEMU creates and ``mac`` is the NIC's address
+    (QEMU gives every VM the same one otherwise, which two VMs on one bridge cannot share).
     """
     machine = {"q35": "q35", "pc": "pc", "microvm": "microvm,pcie=on,acpi=on,rtc=on"}[options.machine]
     accel = "tcg,thread=multi" if accelerator == "tcg" else accelerator
@@ -245,10 +274,24 @@ def qemu_argv(
         argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},cache={options.disk_cache}"]
         argv += _disk_devices(options, drive, index)
     if options.nic != "none":
-        # User networking with restrict=on: the guest has its NIC and reaches nothing beyond QEMU.
         device = "virtio-net-pci" if options.nic == "virtio-net" else "e1000"
-        argv += ["-netdev", "user,id=net0,restrict=on", "-device", f"{device},netdev=net0"]
+        if options.network == "bridge":
+            if tap is None:
+                raise ValueError('network = "bridge" needs the name of the tap device')
+            argv += ["-netdev", f"tap,id=net0,ifname={tap},script=no,downscript=no"]
+            device += f",mac={mac}" if mac else ""
+        else:
+            # User networking with restrict=on: the guest has its NIC and reaches nothing beyond QEMU.
+            argv += ["-netdev", "user,id=net0,restrict=on"]
+        argv += ["-device", f"{device},netdev=net0"]
     return argv
+
+
+def bridge_mac(address: str) -> str:
+    """A locally administered MAC (QEMU's 52:54:00 prefix) from the last three bytes of the guest's
+    IPv4 address: distinct for every address of a network."""
+    octets = [int(part) for part in address.split("/")[0].split(".")]
+    return "52:54:00:" + ":".join(f"{octet:02x}" for octet in octets[1:])
 
 
 def guest_kernel_cflags(cflags: tuple[str, ...], accelerator: str, cpu: str) -> tuple[str, ...]:
@@ -395,6 +438,64 @@ kill_tree "$1"
 """
 
 
+# Sends a signal to a process and its descendants (a background command's polite end).
+_SIGNAL_TREE = r"""
+signal_tree() {
+    for child in $(pgrep -P "$2"); do signal_tree "$1" "$child"; done
+    kill "-$1" "$2" 2>/dev/null
+}
+signal_tree "$1" "$2"
+"""
+
+
+def _exec_result(argv: list[str], status: dict[str, Any], elapsed_s: float, timed_out: bool) -> CommandResult:
+    """A finished guest-exec's status as a CommandResult."""
+    stdout = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
+    stderr = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
+    for stream in ("out", "err"):
+        if status.get(f"{stream}-truncated"):
+            stderr += f"\n[virtlab: the guest agent truncated std{stream} (it keeps 16 MiB at most)]"
+    if "exitcode" in status:
+        code = status["exitcode"]
+    else:
+        code = -int(status.get("signal", signal.SIGKILL))  # like subprocess: minus the signal
+    return CommandResult(tuple(argv), code, stdout, stderr, elapsed_s, timed_out)
+
+
+class _GuestCommand(BackgroundCommand):
+    """A guest-exec'd command left running; its output comes with its final status."""
+
+    def __init__(self, vm: VmEnvironment, argv: list[str], pid: int) -> None:
+        super().__init__(argv)
+        self._vm, self._pid = vm, pid
+        self._final: dict[str, Any] | None = None  # the agent forgets a command once it said it ended
+
+    def running(self) -> bool:
+        try:
+            return self._status() is None
+        except (GuestAgentError, EnvironmentError_):
+            return False
+
+    def _status(self) -> dict[str, Any] | None:
+        if self._final is None:
+            status = self._vm._execute(self._vm._require_agent(), "guest-exec-status", {"pid": self._pid})
+            self._final = status if status.get("exited") else None
+        return self._final
+
+    def _stop(self, timeout_s: float) -> CommandResult:
+        try:
+            if self._status() is None:
+                agent = self._vm._require_agent()
+                term = {"path": "/bin/sh", "arg": ["-c", _SIGNAL_TREE, "signal", "TERM", str(self._pid)]}
+                self._vm._execute(agent, "guest-exec", term)
+                self._final, _ = self._vm._wait_exec(agent, self._pid, time.monotonic() + timeout_s)
+            assert self._final is not None
+            return _exec_result(list(self.argv), self._final, time.monotonic() - self.started, False)
+        except (GuestAgentError, EnvironmentError_) as error:
+            lost = f"[virtlab: the output is lost: VM {self._vm.name}: {error}]"
+            return CommandResult(self.argv, -int(signal.SIGKILL), "", lost, time.monotonic() - self.started)
+
+
 def _key_values(text: str) -> dict[str, str]:
     return dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
 
@@ -444,6 +545,12 @@ class VmEnvironment(Environment):
         self.boot_s: float | None = None
         self._facts: dict[str, Any] = {}
         self._details: dict[str, Any] = {}
+        # One request at a time on the agent's socket: a background command's status may be asked
+        # while another thread waits for a command (network workloads run peers at once).
+        self._agent_lock = threading.RLock()
+        self._network: vnet.VirtualNetwork | None = None
+        self._port: vnet.Attachment | None = None
+        self._address: str | None = None
 
     # -- checks before anything runs -----------------------------------------------------
     @classmethod
@@ -453,6 +560,11 @@ class VmEnvironment(Environment):
         for tool, package in ((QEMU, "qemu-system-x86"), ("qemu-img", "qemu-utils")):
             if shutil.which(tool) is None:
                 problems.append(f"{tool} is not installed on this host (apt-get install {package})")
+        if options.network == "bridge":
+            for tool, package in vnet.missing_tools().items():
+                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
+            if os.geteuid() != 0:
+                problems.append('network = "bridge" needs root (a tap device on virtlab\'s bridge)')
         if options.block_device is not None:
             path = Path(options.block_device)
             if not path.exists():
@@ -486,18 +598,22 @@ class VmEnvironment(Environment):
         assert self.accelerator is not None
         image = self._image()
         guest_kernels = self._guest_kernels(kernels)
-        try:
-            append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz())
-        except ValueError as error:  # a command line longer than the kernel takes
-            raise EnvironmentError_(f"VM {self.name}: {error}") from error
         self._disk = self._make_disk(image, guest_kernels)
+        tap, address = self._choose_port()
+        try:
+            append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz(), ip=address)
+        except ValueError as error:  # a command line longer than the kernel takes
+            self._stop()
+            raise EnvironmentError_(f"VM {self.name}: {error}") from error
         files = VmFiles(kernel=str(image.kernel), initrd=str(image.initrd), disk=self._disk.name)
         self._argv = qemu_argv(
-            self.options, accelerator=self.accelerator, files=files, append=append, name=self.name
-        )
+            self.options, accelerator=self.accelerator, files=files, append=append, name=self.name,
+            tap=tap, mac=bridge_mac(address) if address else None,
+        )  # fmt: skip
         try:
             self._start()
             self._boot()
+            self._set_guest_mtu()
             self._facts = self._collect_facts()
         except BaseException as error:
             log = self._failure_log()
@@ -505,9 +621,23 @@ class VmEnvironment(Environment):
             if isinstance(error, EnvironmentError_):
                 error.log = log
                 raise
-            if isinstance(error, (QmpError, GuestAgentError, OSError)):
+            if isinstance(error, (QmpError, GuestAgentError, OSError, vnet.NetworkError)):
                 raise EnvironmentError_(f"VM {self.name}: {error}", log) from error
             raise
+
+    def network_address(self) -> str | None:
+        return self._address.split("/")[0] if self._address and self._qemu_alive() else None
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        self._check_running()
+        agent = self._require_agent()
+        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
+        try:
+            pid = self._execute(agent, "guest-exec", request)["pid"]
+        except GuestAgentError as error:
+            message = f"VM {self.name}: starting {argv[0]}: {error}"
+            raise EnvironmentError_(message, self._failure_log()) from error
+        return _GuestCommand(self, argv, pid)
 
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
         self._check_running()
@@ -570,11 +700,11 @@ class VmEnvironment(Environment):
             "steal_s": steal,
             "guest_cmdline": facts.get("cmdline"),
             "network": {
-                "mode": "user (QEMU slirp, restrict=on: no traffic beyond the VM)"
-                if self.options.nic != "none"
-                else "none",
+                "mode": self._network_mode(),
                 "nic": self.options.nic,
                 "guest_driver": facts.get("nic_driver"),
+                "address": self.network_address(),
+                "mtu": self.options.mtu if self.options.network == "bridge" else None,
             },
             "storage": {
                 "bus": self.options.disk_bus,
@@ -659,6 +789,57 @@ class VmEnvironment(Environment):
         except (ImageError, ValueError) as error:
             raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
 
+    def _choose_port(self) -> tuple[str | None, str | None]:
+        """The tap's name and the guest's address/prefix on virtlab's bridge (network = "bridge")."""
+        if self.options.network != "bridge":
+            return None, None
+        try:
+            self._network = vnet.VirtualNetwork.shared()
+            self._address = str(self._network.next_address())
+        except vnet.NetworkError as error:
+            self._leave_network()
+            raise EnvironmentError_(f"VM {self.name}: virtlab's network: {error}") from error
+        return f"vltap{secrets.token_hex(4)}", self._address
+
+    def _join_network(self) -> None:
+        """Move QEMU's tap onto the bridge while the guest is still paused (its link is up at boot)."""
+        if self._network is None:
+            return
+        tap = self._argv[self._argv.index("-netdev") + 1].split("ifname=")[1].split(",")[0]
+        port = self._network.attach_link(tap, mtu=self.options.mtu)
+        # attach_link records no address: this one is the guest's, so that no later port gets it.
+        self._port = replace(port, address=ipaddress.IPv4Interface(self._address))
+        ports = self._network.attachments
+        ports[ports.index(port)] = self._port
+        self._details["network_port"] = {"bridge": self._network.netns, "tap": tap, "address": self._address}
+
+    def _set_guest_mtu(self) -> None:
+        if self._network is None:
+            return
+        # The first interface but lo, as the guest's init picks it for virtlab.ip.
+        script = 'for d in /sys/class/net/*; do n=${d##*/}; [ $n = lo ] || exec ip link set $n mtu "$1"; done'
+        result = self._guest_exec(["sh", "-c", script, "mtu", str(self.options.mtu)], timeout_s=30)
+        if not result.ok:
+            raise EnvironmentError_(f"VM {self.name}: setting the guest's MTU failed: {result.log()}")
+
+    def _leave_network(self) -> None:
+        network, port = self._network, self._port
+        self._network, self._port, self._address = None, None, None
+        if network is not None:
+            try:
+                if port is not None:
+                    network.detach(port)
+            finally:
+                network.release()
+
+    def _network_mode(self) -> str:
+        if self.options.nic == "none":
+            return "none"
+        if self.options.network == "bridge":
+            where = self._network.netns if self._network else "virtlab's bridge"
+            return f"bridge (tap on {where}, 198.18.0.0/15: no uplink, no route beyond)"
+        return "user (QEMU slirp, restrict=on: no traffic beyond the VM)"
+
     def _start(self) -> None:
         self._started = time.monotonic()
         with open(self.workdir / QEMU_LOG, "wb") as log:
@@ -676,6 +857,7 @@ class VmEnvironment(Environment):
             f"{qemu['major']}.{qemu['minor']}.{qemu['micro']} {version.get('package', '')}".strip()
         )
         self._pin_vcpus()
+        self._join_network()
         self._qmp.execute("cont")
 
     def _pin_vcpus(self) -> None:
@@ -729,7 +911,7 @@ class VmEnvironment(Environment):
         started = time.monotonic()
         request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
         try:
-            pid = agent.execute("guest-exec", request, timeout=30)["pid"]
+            pid = self._execute(agent, "guest-exec", request)["pid"]
         except GuestAgentError as error:
             if error.error_class is None:  # the agent went away, rather than refusing the command
                 raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
@@ -739,16 +921,14 @@ class VmEnvironment(Environment):
             status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
         except GuestAgentError as error:
             raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
-        stdout = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
-        stderr = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
-        for stream in ("out", "err"):
-            if status.get(f"{stream}-truncated"):
-                stderr += f"\n[virtlab: the guest agent truncated std{stream} (it keeps 16 MiB at most)]"
-        if "exitcode" in status:
-            code = status["exitcode"]
-        else:
-            code = -int(status.get("signal", signal.SIGKILL))  # like subprocess: minus the signal
-        return CommandResult(tuple(argv), code, stdout, stderr, time.monotonic() - started, timed_out)
+        return _exec_result(argv, status, time.monotonic() - started, timed_out)
+
+    def _execute(
+        self, agent: GuestAgent, command: str, arguments: dict[str, Any], timeout: float = 30
+    ) -> Any:
+        """``agent.execute``, one request at a time."""
+        with self._agent_lock:
+            return agent.execute(command, arguments, timeout=timeout)
 
     def _wait_exec(self, agent: GuestAgent, pid: int, deadline: float) -> tuple[dict[str, Any], bool]:
         # Short commands are polled closely (a poll costs the guest about a millisecond), long ones
@@ -756,7 +936,7 @@ class VmEnvironment(Environment):
         started, interval = time.monotonic(), 0.002
         while True:
             left = deadline - time.monotonic()
-            status = agent.execute("guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
+            status = self._execute(agent, "guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
             if status.get("exited"):
                 return status, False
             if time.monotonic() >= deadline:
@@ -765,12 +945,10 @@ class VmEnvironment(Environment):
             if time.monotonic() - started > 0.05:
                 interval = min(interval * 1.5, _EXEC_POLL_MAX_S)
         # Timed out: end the command and all it forked, keep what it printed, keep the VM.
-        agent.execute(
-            "guest-exec", {"path": "/bin/sh", "arg": ["-c", _KILL_TREE, "kill", str(pid)]}, timeout=30
-        )
+        self._execute(agent, "guest-exec", {"path": "/bin/sh", "arg": ["-c", _KILL_TREE, "kill", str(pid)]})
         grace = time.monotonic() + _KILL_GRACE_S
         while time.monotonic() < grace:
-            status = agent.execute("guest-exec-status", {"pid": pid}, timeout=30)
+            status = self._execute(agent, "guest-exec-status", {"pid": pid})
             if status.get("exited"):
                 break
             time.sleep(0.05)
@@ -880,6 +1058,7 @@ class VmEnvironment(Environment):
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        self._leave_network()
         if self._record is not None:
             self._record.unlink(missing_ok=True)
             self._record = None

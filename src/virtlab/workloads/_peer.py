@@ -1,0 +1,209 @@
+"""What the network workloads share: a server in one environment, a client in another.
+
+A peer workload is two programs: a server started in the background in the *server* environment
+and a client run, as any workload's command, in the *client* environment against the server's
+address on virtlab's own network (``Environment.network_address``). Who plays which part follows
+from the parameters and from the cell (the environment the trial is measured in):
+
+- ``peer = "x"`` (default: the study's baseline): the cell runs the client, ``x`` the server.
+  ``direction`` is the cell's: ``send`` = the cell sends to x, ``receive`` = x sends to the cell,
+  ``bidirectional`` = both at once. A cell that *is* the peer runs both over loopback (127.0.0.1),
+  the host stack without any virtual NIC (seed 000's bare-metal reference is a real wire; this is
+  not that, and says so in ``path``).
+- ``senders = ["a", "b", ...]`` (N -> 1, seed 001's "4 VMs into 1"): the cell runs one server per
+  sender and every sender runs its client at once, sending into the cell; the figure is the sum
+  received. ``receivers = [...]`` (1 -> N): the cell runs one client per receiver at once, each
+  sending to its receiver's server; the figure is the sum sent. Both need ``direction = "send"``.
+  The environments named there are peers of every cell, so they get no cell of their own for this
+  workload (the runner leaves those cells out).
+
+Every client gets a *slot*: its own server(s) and ports, so that clients running at once never
+share a server (iperf3 serves one test at a time; a non-forking nuttcp server one connection at a
+time). Every server is bounded by ``timeout`` besides being stopped after each trial, so a crashed
+virtlab leaves none running for long; the client's run is bounded by ``duration_s``.
+
+A message-size sweep (seed 001's netperf block sizes, 64 B .. 64 KB) is several workloads in the
+plan, one ``message_bytes`` each, as dd's file sizes are: each size is then its own cell,
+interleaved with the others, reduced over its own trials, and a failing size keeps the others.
+
+Units: Mbps = 10^6 bits per second of payload, as both iperf3 and nuttcp count.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from virtlab.samples import Sample
+from virtlab.workloads._base import Workload, WorkloadParams
+
+LOOPBACK = "127.0.0.1"
+MAX_PEERS = 16
+MAX_STREAMS = 64
+TIMEOUT_MARGIN_S = 60.0
+"""A client's default timeout beyond its duration: connecting, a slow TCG guest, the final report."""
+SERVER_MARGIN_S = 60
+"""A server's own time bound beyond the trial's timeout (``timeout`` around it), for a crash."""
+# Throughput metrics that add up over clients running at once.
+SUMMED = ("throughput_mbps", "sent_mbps", "received_mbps")
+
+
+class PeerParams(WorkloadParams):
+    """Parameters of every network workload; see the module doc for who runs what."""
+
+    timeout_s: float = Field(
+        default=63.0, gt=0, description="a client running longer fails; unless given, duration_s + 60"
+    )
+    peer: str | None = Field(
+        default=None,
+        description="the environment running the server; default the study's baseline (the cell "
+        "itself: both ends over loopback)",
+    )
+    senders: tuple[str, ...] = Field(
+        default=(),
+        max_length=MAX_PEERS,
+        description="N -> 1: these environments send at once into the cell; the sum received",
+    )
+    receivers: tuple[str, ...] = Field(
+        default=(),
+        max_length=MAX_PEERS,
+        description="1 -> N: the cell sends at once to each of these environments; the sum sent",
+    )
+    streams: int = Field(
+        default=1, ge=1, le=MAX_STREAMS, description="parallel TCP connections of a client (seed 000: 1, 10)"
+    )
+    direction: Literal["send", "receive", "bidirectional"] = Field(
+        default="send",
+        description="from the cell's side: send only, receive only, or both at once (seed 000 Tables 7-10)",
+    )
+    duration_s: int = Field(default=3, ge=1, le=60, description="seconds of traffic per trial (bounded)")
+    message_bytes: int = Field(
+        default=65536,
+        ge=1,
+        le=1024 * 1024,
+        description="bytes per write/read call (seed 001's block sizes, 64 .. 65536); one size per "
+        "workload, a sweep is several workloads",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_follows_duration(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "timeout_s" not in data:
+            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
+            if isinstance(duration, int | float) and not isinstance(duration, bool):
+                return {**data, "timeout_s": float(duration) + TIMEOUT_MARGIN_S}
+        return data
+
+    @model_validator(mode="after")
+    def _roles(self) -> PeerParams:
+        if self.timeout_s <= self.duration_s:
+            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s})")
+        group = self.senders or self.receivers
+        if self.senders and self.receivers:
+            raise ValueError("give senders (N -> 1) or receivers (1 -> N), not both")
+        if group and self.peer is not None:
+            raise ValueError("peer names the one server of a 1 <-> 1 test; senders/receivers replace it")
+        if group and self.direction != "send":
+            raise ValueError('senders and receivers send: direction must be "send"')
+        if len(set(group)) != len(group):
+            raise ValueError(f"an environment is named twice in {list(group)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Link:
+    """One client and the server it talks to, by environment name; ``slot`` numbers its ports."""
+
+    client: str
+    server: str
+    slot: int = 0
+
+
+class PeerWorkload(Workload):
+    """A workload with a server side; the runner starts the servers, runs the clients, stops them."""
+
+    Params: ClassVar[type[WorkloadParams]] = PeerParams
+    params: PeerParams
+
+    # -- the programs ------------------------------------------------------------------
+    @abstractmethod
+    def server_commands(self, bin_dir: str, slot: int = 0, bind: str | None = None) -> list[list[str]]:
+        """The server(s) one client of ``slot`` needs, each started in the background, listening
+        only on ``bind`` (the address the client is given) where the tool can bind."""
+
+    @abstractmethod
+    def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
+        """One client's command; its output is what ``parse`` reads."""
+
+    def command(self, bin_dir: str) -> list[str]:
+        """The client against a server on the same machine (what the runner does not call: it
+        runs ``client_command`` against the peer's address)."""
+        return self.client_command(bin_dir, LOOPBACK)
+
+    def not_listening(self, stdout: str, stderr: str) -> bool:
+        """Whether a failed client found no server listening yet (the runner then tries again)."""
+        return "Connection refused" in stdout or "Connection refused" in stderr
+
+    def bounded(self, argv: list[str]) -> list[str]:
+        """``argv`` ended by ``timeout`` after the trial's timeout and a margin, should nobody stop it.
+        ``--foreground`` keeps it in the caller's process group, which is what gets signalled."""
+        return ["timeout", "--foreground", f"{int(self.params.timeout_s) + SERVER_MARGIN_S}s", *argv]
+
+    # -- roles -------------------------------------------------------------------------
+    def peer_names(self) -> tuple[str, ...]:
+        """Every environment the parameters name (the plan must have them)."""
+        p = self.params
+        return (*([p.peer] if p.peer else []), *p.senders, *p.receivers)
+
+    def runs_in(self, environment: str) -> bool:
+        """Whether ``environment`` is a cell of this workload: not when it is one of its senders or
+        receivers (a peer of every cell)."""
+        return environment not in (*self.params.senders, *self.params.receivers)
+
+    def links(self, cell: str, baseline: str) -> list[Link]:
+        """Who runs a client against whom when the trial is measured in ``cell``."""
+        p = self.params
+        if p.senders:
+            return [Link(sender, cell, slot) for slot, sender in enumerate(p.senders)]
+        if p.receivers:
+            return [Link(cell, receiver, slot) for slot, receiver in enumerate(p.receivers)]
+        return [Link(cell, p.peer or baseline)]
+
+    def describe_setting(self) -> dict[str, Any]:
+        """The parameters every sample of a trial carries."""
+        p = self.params
+        return {"direction": p.direction, "streams": p.streams, "message_bytes": p.message_bytes,
+                "duration_s": p.duration_s}  # fmt: skip
+
+
+def combine(results: list[tuple[dict[str, Any], list[Sample]]]) -> list[Sample]:
+    """The samples of one trial from each client's (where, samples): one client's own with where it
+    ran added; several clients' throughputs summed, each client's figure kept in ``clients``."""
+    if len(results) == 1:
+        where, samples = results[0]
+        return [Sample(s.metric, s.value, s.unit, s.better, {**s.metadata, **where}) for s in samples]
+    first = results[0][1]
+    combined = []
+    for template in first:
+        if template.metric not in SUMMED:
+            continue
+        parts = [next((s for s in samples if s.metric == template.metric), None) for _, samples in results]
+        if any(part is None for part in parts):
+            continue
+        clients = [
+            {**where, "value": part.value, **{k: v for k, v in part.metadata.items() if k in _PER_CLIENT}}
+            for (where, _), part in zip(results, parts, strict=True)
+            if part is not None
+        ]
+        metadata = {k: v for k, v in template.metadata.items() if k not in _PER_CLIENT}
+        metadata.update(aggregate_of=len(results), clients=clients)
+        total = sum(part.value for part in parts if part is not None)
+        combined.append(Sample(template.metric, total, template.unit, template.better, metadata))
+    return combined
+
+
+# Metadata that differs from client to client, kept per client in an aggregate.
+_PER_CLIENT = ("retransmits", "bytes", "seconds", "cpu_local_pct", "cpu_remote_pct", "rtt_ms")
