@@ -73,3 +73,26 @@ def test_storage_trials_drop_the_host_cache_first(tmp_path):
     assert {s.metric for s in trial.samples} == {"write_mbs", "read_mbs"}
     # as root on this host the drop works; elsewhere the record says why it did not
     assert all(s.metadata["host_cache"] in ("dropped", "not permitted") for s in trial.samples)
+
+
+def test_a_storage_file_larger_than_the_free_space_is_refused_before_the_study(tmp_path):
+    import shutil
+
+    import pytest
+
+    from virtlab.errors import InputError
+    from virtlab.plan import parse_plan
+    from virtlab.runner import preflight
+
+    free_mb = shutil.disk_usage(tmp_path).free // 2**20
+    plan = parse_plan(
+        '[study]\nname = "space"\n'
+        '[[environment]]\nname = "native"\nkind = "native"\n'
+        f'[[workload]]\nname = "dd-huge"\nkind = "dd"\nsize_mb = {free_mb + 1024}\n'
+        f'directory = "{tmp_path}"\n',
+        "space.toml",
+    )
+    with pytest.raises(InputError) as refused:
+        preflight(plan)
+    assert f"needs {free_mb + 1024 + 16} MiB free" in refused.value.problem
+    assert "dd-huge" in refused.value.problem

@@ -12,6 +12,7 @@ environment(s), runs the client(s) at once, stops the servers and parses the cli
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import signal
 import time
 from collections.abc import Mapping
@@ -93,6 +94,26 @@ def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
     return store
 
 
+def _space_problems(environment: str, spec: WorkloadSpec) -> list[str]:
+    """A storage workload whose files do not fit in its directory on the host fails now, not after
+    an hour of other cells (inside guests the kernel refuses at run time with the figures)."""
+    needed = getattr(spec.workload, "required_space_mb", 0)
+    directory = getattr(spec.workload.params, "directory", None)
+    if not needed or directory is None:
+        return []
+    try:
+        free_mb = shutil.disk_usage(directory).free // 2**20
+    except OSError as error:
+        where = f"environment {environment!r}, workload {spec.name!r}"
+        return [f"{where}: directory {directory!r}: {error.strerror}"]
+    if free_mb >= needed:
+        return []
+    return [
+        f"environment {environment!r}, workload {spec.name!r}: needs {needed} MiB free in "
+        f"{directory!r}, which has {free_mb} MiB"
+    ]
+
+
 def preflight(plan: Plan) -> KernelBuild:
     """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell."""
     names = [env.name for env in plan.environments]
@@ -110,6 +131,8 @@ def preflight(plan: Plan) -> KernelBuild:
         for workload in plan.workloads:
             for problem in env.cls.preflight(env.options, workload.workload.tools):
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
+            if env.kind == "native":
+                problems += _space_problems(env.name, workload)
     if problems:
         raise InputError(
             plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
