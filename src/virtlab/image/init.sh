@@ -40,6 +40,9 @@ fail() {
     if [ -n "$debug" ]; then
         exec sh
     fi
+    # Let the serial line drain first: the panic that follows init's exit is printed (and the
+    # guest reset) synchronously, and could otherwise overtake the message above in the tty.
+    sleep 1
     # With panic=-1 and QEMU's -no-reboot the guest's end becomes QEMU's exit, instead of a
     # VM hanging on a panic until its caller's timeout.
     exit 1
