@@ -187,27 +187,14 @@ class StudyRunner:
 
     # -- study record ------------------------------------------------------------------
     def _record_study(self) -> None:
-        from virtlab.metadata import collect_host_metadata, collect_tool_versions
-
-        started = self.store.get("metadata", {}).get("started") or _now()
-        self.store.put("plan_sha256", self.plan.sha256)
-        self.store.put("plan_text", self.plan.text)
-        tools = sorted({"cc", *(t for w in self.plan.workloads for t in w.workload.tools)})
-        self.store.put(
-            "metadata",
-            {
-                "virtlab_version": __version__,
-                "started": started,
-                "ended": None,
-                "host": collect_host_metadata(),
-                "tools": collect_tool_versions(tools),
-                "kernels": self.kernels.metadata(),
-            },
+        record_study_start(
+            self.store,
+            self.plan,
+            self.kernels,
+            tools={t for w in self.plan.workloads for t in w.workload.tools},
+            workloads=[spec.describe() for spec in self.plan.workloads],
+            environment_order=[env.name for env in self.plan.environments],
         )
-        setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
-        self.store.put("workloads", [spec.describe() for spec in self.plan.workloads] + [setup])
-        self.store.put("environment_order", [env.name for env in self.plan.environments])
-        self.store.put("status", "running")
         self._put_study_summary("running")
         self.store.clear_failures()
 
@@ -476,6 +463,39 @@ def _peer_log(link: Link, client: CommandResult, servers: list[CommandResult]) -
     for server in servers:
         parts += [f"=== server in {link.server} ===", server.log()]
     return "\n".join(parts)
+
+
+def record_study_start(
+    store: ResultStore,
+    plan: Plan,
+    kernels: KernelBuild,
+    tools: set[str],
+    workloads: list[dict[str, Any]],
+    environment_order: list[str],
+) -> None:
+    """What every study stores before its first trial: the plan, the host's metadata (keeping the
+    first start time across resumes), the workloads (plus the environments' own set-up figures)
+    and the order of the environments; status "running"."""
+    from virtlab.metadata import collect_host_metadata, collect_tool_versions
+
+    started = store.get("metadata", {}).get("started") or _now()
+    store.put("plan_sha256", plan.sha256)
+    store.put("plan_text", plan.text)
+    store.put(
+        "metadata",
+        {
+            "virtlab_version": __version__,
+            "started": started,
+            "ended": None,
+            "host": collect_host_metadata(),
+            "tools": collect_tool_versions(sorted({"cc", *tools})),
+            "kernels": kernels.metadata(),
+        },
+    )
+    setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
+    store.put("workloads", [*workloads, setup])
+    store.put("environment_order", environment_order)
+    store.put("status", "running")
 
 
 def _steal(environment: Environment) -> float | None:

@@ -56,7 +56,6 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from virtlab import __version__
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import AppliedControls, ControlError, Controls, ControlSpec, validate_against_host
 from virtlab.control.placement import threads_of
@@ -69,7 +68,7 @@ from virtlab.export.tabular import write_results_json
 from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome
+from virtlab.runner import StudyOutcome, record_study_start
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
 from virtlab.scenarios import PlanProblem, Scenario, register_scenario
@@ -700,28 +699,14 @@ class PriorityScenario(Scenario):
         return self.store.get(key) or {}
 
     def _record_study(self) -> None:
-        from virtlab.metadata import collect_host_metadata, collect_tool_versions
-
-        started = self.store.get("metadata", {}).get("started") or _now()
-        self.store.put("plan_sha256", self.plan.sha256)
-        self.store.put("plan_text", self.plan.text)
-        tools = sorted({"cc", *self.workload.workload.tools})
-        self.store.put(
-            "metadata",
-            {
-                "virtlab_version": __version__,
-                "started": started,
-                "ended": None,
-                "host": collect_host_metadata(),
-                "tools": collect_tool_versions(tools),
-                "kernels": self.kernels.metadata(),
-            },
+        record_study_start(
+            self.store,
+            self.plan,
+            self.kernels,
+            tools=set(self.workload.workload.tools),
+            workloads=[self.workload.describe()],
+            environment_order=[name for c in self.config.configuration for name in c.environments],
         )
-        setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
-        self.store.put("workloads", [self.workload.describe(), setup])
-        names = [name for c in self.config.configuration for name in c.environments]
-        self.store.put("environment_order", names)
-        self.store.put("status", "running")
         self._put_study_summary("running")
         self.store.clear_failures()
 
