@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from virtlab import network
+from marks import needs_runc
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments import container as ct
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
@@ -32,10 +31,6 @@ from virtlab.workloads.stream import Stream, StreamParams
 SRC = Path(__file__).resolve().parents[1] / "src"
 MiB = 2**20
 
-needs_runc = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("runc") is None or bool(network.missing_tools()),
-    reason="needs root, runc, iproute2 and util-linux",
-)
 
 # --------------------------------------------------------------------------
 # pure parts

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from virtlab import network
+from marks import needs_runc
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads.dd import Dd, DdParams
@@ -32,10 +32,6 @@ MiB = 2**20
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="needs fio (apt-get install fio)")
-needs_runc = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("runc") is None or bool(network.missing_tools()),
-    reason="needs root, runc, iproute2 and util-linux",
-)
 needs_loop = pytest.mark.skipif(
     os.geteuid() != 0 or any(shutil.which(t) is None for t in ("losetup", "mkfs.ext4", "partx", "hdparm")),
     reason="needs root, losetup, partx, mkfs.ext4 and hdparm",

@@ -6,7 +6,6 @@ native and native into two, loopback, a TCG VM on the bridge, and a whole study 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from marks import needs_runc
 from virtlab import network, testhost
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.environments.native import NativeEnvironment, NativeOptions
@@ -31,10 +31,6 @@ from virtlab.workloads.nuttcp import Nuttcp, parse_lines
 
 DATA = Path(__file__).parent / "data"
 
-needs_runc = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("runc") is None or bool(network.missing_tools()),
-    reason="needs root, runc, iproute2 and util-linux",
-)
 needs_tools = pytest.mark.skipif(
     shutil.which("iperf3") is None or shutil.which("nuttcp") is None, reason="needs iperf3 and nuttcp"
 )
