@@ -10,12 +10,17 @@ missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+as_root=()
+[[ $(id -u) -eq 0 ]] || as_root=(sudo)
 if ((${#missing[@]})); then
-    as_root=()
-    [[ $(id -u) -eq 0 ]] || as_root=(sudo)
     echo "setup: installing ${missing[*]}"
     "${as_root[@]}" apt-get -o DPkg::Lock::Timeout=300 update -qq
     DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian enables NFS-Ganesha's system service, which would serve NFS on every interface; virtlab
+# starts its own server per study, bound to its own network. Keep the system one off.
+if command -v systemctl >/dev/null && systemctl is-enabled --quiet nfs-ganesha 2>/dev/null; then
+    "${as_root[@]}" systemctl disable --now nfs-ganesha >/dev/null 2>&1 || true
 fi
 
 if [[ ! -x .venv/bin/python ]]; then

@@ -183,6 +183,14 @@ class VirtualNetwork:
         _ip_in(target, ["addr", "add", str(interface), "dev", ifname], ["link", "set", ifname, "up"])
         return attachment
 
+    def host_attachment(self) -> Attachment:
+        """This process's own port on the network, made on first use: one per namespace, since a
+        second one of the same subnet would add a second route to it. It lives as long as the
+        network (``detach`` it to remove it sooner)."""
+        with self._lock:
+            existing = next((a for a in self.attachments if a.target is None), None)
+        return existing or self.attach_namespace(None)
+
     def attach_link(self, link: str, mtu: int | None = None) -> Attachment:
         """Move an existing link of this process's namespace (e.g. the tap a QEMU opened; its file
         descriptor keeps working) into the network's namespace, as a port of the bridge."""

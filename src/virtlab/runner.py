@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from virtlab import __version__, stats
+from virtlab import __version__, nfs, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
@@ -32,6 +32,7 @@ from virtlab.plan import Plan, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
 from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
+from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
 from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, combine
 
@@ -131,8 +132,10 @@ def preflight(plan: Plan) -> KernelBuild:
         for workload in plan.workloads:
             for problem in env.cls.preflight(env.options, workload.workload.tools):
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
-            if env.kind == "native":
+            if env.kind == "native" and not uses_nfs(workload.workload):
                 problems += _space_problems(env.name, workload)
+    if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
+        problems.append(f'storage = "nfs": {nfs.missing()}')
     if problems:
         raise InputError(
             plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
@@ -158,6 +161,7 @@ class StudyRunner:
         )
         self.outcome = StudyOutcome(out_dir)
         self.environments: dict[str, Environment] = {}
+        self.storage = SharedStorage(out_dir / "storage")
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
@@ -172,6 +176,7 @@ class StudyRunner:
         self._record_study()
         try:
             self._provision_all()
+            self._start_storage()
             self._run_rounds()
             self.store.put("status", "finished")
         except KeyboardInterrupt:
@@ -260,6 +265,21 @@ class StudyRunner:
                 environment.teardown()
             except Exception as error:  # noqa: BLE001 - teardown of one must not stop the others
                 self.progress.note(f"teardown of {environment.name} failed: {error}")
+        self.storage.stop()  # after the environments: each unmounts it first
+
+    def _start_storage(self) -> None:
+        """The NFS export, when a workload of the study works on it, mounted where such a workload
+        has a cell; what it is and where it is mounted goes into the study's metadata."""
+        on_nfs = {workload for workload, spec in self.workloads.items() if uses_nfs(spec.workload)}
+        users = {env: self.environments[env] for env, workload in self._runnable() if workload in on_nfs}
+        if not users:
+            return
+        self.storage.start(users, self.progress.note)
+        metadata = self.store.get("metadata", {})
+        metadata["storage"] = self.storage.describe() or {
+            "not_mounted": {name: str(problem) for name, problem in self.storage.problems.items()}
+        }
+        self.store.put("metadata", metadata)
 
     # -- trials ------------------------------------------------------------------------
     def _runnable(self) -> list[Cell]:
@@ -322,6 +342,10 @@ class StudyRunner:
         started = time.time()
         context: dict[str, Any] = {}
         try:
+            try:
+                workload = self.storage.placed(task.environment, workload)
+            except StorageUnavailable as unavailable:
+                raise TrialFailure(str(unavailable), unavailable.log) from None
             if workload.cache_sensitive:
                 context["host_cache"] = drop_host_caches()
             steal_before = _steal(environment)

@@ -22,10 +22,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from virtlab.build import KernelBuild
+from virtlab.nfs import NfsExport, mount_argv
 from virtlab.registry import Registry
 from virtlab.samples import Sample
 
 SETUP_WORKLOAD = "environment-setup"
+_MOUNT_TIMEOUT_S = 120.0
 """The pseudo-workload under which the runner stores each environment's own figures."""
 
 
@@ -170,6 +172,7 @@ class Environment(ABC):
     """Where a long provisioning step (building the guest image) reports progress; the runner
     points it at its live display."""
     _provisioned: bool = field(default=False, init=False)
+    _nfs_point: str | None = field(default=None, init=False)
 
     kind: ClassVar[str]
     summary: ClassVar[str]
@@ -206,8 +209,49 @@ class Environment(ABC):
 
     def teardown(self) -> None:
         if self._provisioned:
+            self._unmount_nfs()
             self._provisioned = False
             self._delete()
+
+    # -- virtlab's NFS export (seed 003's network storage) --------------------------------
+    def mount_nfs(self, export: NfsExport) -> str:
+        """Mount ``export`` in this environment and return the mount point as its commands see it;
+        raises EnvironmentError_ (with the log) when it cannot, NotImplementedError for a kind that
+        has no way to."""
+        point = self._nfs_mount_point()
+        if self.network_address() is None:
+            raise EnvironmentError_(
+                f"{self.name!r} is not on virtlab's network, where the NFS export is served: "
+                'give it network = "bridge"'
+            )
+        made = self.run(["mkdir", "-p", point], timeout_s=30)
+        if not made.ok:
+            raise EnvironmentError_(f"cannot create the mount point {point}", made.log())
+        # The guest's initramfs loads only the disk and network drivers; a kernel that has NFS as a
+        # module loads it here (a missing modprobe or module shows in the mount's own error).
+        self.run(["modprobe", "-q", "nfsv4"], timeout_s=30)
+        argv = mount_argv(export, point)
+        mounted = self._mount(argv)
+        if not mounted.ok:
+            raise EnvironmentError_(
+                f"mounting {export.address}:{export.pseudo_path} at {point} failed (exit status "
+                f"{mounted.exit_code})", f"$ {' '.join(argv)}\n{mounted.log()}",
+            )  # fmt: skip
+        self._nfs_point = point
+        return point
+
+    def _nfs_mount_point(self) -> str:
+        raise NotImplementedError(f"environment kind {self.kind!r} cannot mount virtlab's NFS export")
+
+    def _mount(self, argv: list[str]) -> CommandResult:
+        """Run a mount or umount command where it takes effect for this environment's commands."""
+        return self.run(argv, timeout_s=_MOUNT_TIMEOUT_S)
+
+    def _unmount_nfs(self) -> None:
+        point, self._nfs_point = self._nfs_point, None
+        if point is not None:
+            # Lazy: a server already gone must not hang the teardown.
+            self._mount(["umount", "-l", point])
 
     @property
     @abstractmethod

@@ -57,8 +57,10 @@ from virtlab.environments._base import (
     ProcessCommand,
     register_environment,
 )
+from virtlab.environments._process import run_process
 from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
 from virtlab.metadata import cpu_flags_summary
+from virtlab.nfs import kernel_client_problem
 
 RUN_DIR = Path("/run/virtlab")
 RUNC_ROOT = RUN_DIR / "runc"
@@ -234,6 +236,19 @@ class ContainerEnvironment(Environment):
             self.init_pid = None
 
     # -- commands --------------------------------------------------------------------------
+    def _nfs_mount_point(self) -> str:
+        problem = kernel_client_problem()  # the host's kernel mounts it: a container has no kernel of its own
+        if problem:
+            raise EnvironmentError_(f"{problem}; storage on NFS cannot be measured in a container here")
+        return f"{GUEST_SCRATCH}/nfs"
+
+    def _mount(self, argv: list[str]) -> CommandResult:
+        # In the container's mount and network namespaces, by the host's root: the container itself has
+        # no CAP_SYS_ADMIN, and its veth is the route to the server.
+        if self.init_pid is None:
+            raise EnvironmentError_(f"container {self.name!r} is not running")
+        return run_process(["nsenter", "-t", str(self.init_pid), "-m", "-n", "--", *argv], 120.0)
+
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
         assert self.bundle is not None
         pid_file = self.bundle / f"exec-{next(self._execs)}.pid"

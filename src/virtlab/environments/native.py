@@ -24,6 +24,7 @@ from virtlab.environments._base import (
     steal_seconds,
 )
 from virtlab.environments._process import run_process
+from virtlab.nfs import kernel_client_problem
 
 
 class NativeOptions(EnvironmentOptions):
@@ -65,6 +66,12 @@ class NativeEnvironment(Environment):
             finally:
                 network.release()
 
+    def _nfs_mount_point(self) -> str:
+        problem = kernel_client_problem()
+        if problem:
+            raise EnvironmentError_(f"{problem}; storage on NFS cannot be measured natively here")
+        return str(self.workdir / "nfs")
+
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
         # A session of its own: stop() signals the command and everything it forked.
         return ProcessCommand(argv, argv, start_new_session=True)
@@ -73,11 +80,10 @@ class NativeEnvironment(Environment):
         if self._attachment is None:
             try:
                 self._network = self._network or vnet.VirtualNetwork.shared()
-                # One port per namespace: a second one of the same subnet would add a second route
-                # to it (an SSH test host may have attached this namespace already).
-                existing = next((a for a in self._network.attachments if a.target is None), None)
-                self._owns_attachment = existing is None
-                self._attachment = existing or self._network.attach_namespace(None)
+                # Shared with whoever attached this namespace first (an SSH test host, the NFS export).
+                before = len(self._network.attachments)
+                self._attachment = self._network.host_attachment()
+                self._owns_attachment = len(self._network.attachments) > before
             except vnet.NetworkError as error:
                 raise EnvironmentError_(f"native: joining virtlab's network failed: {error}") from error
         assert self._attachment.address is not None

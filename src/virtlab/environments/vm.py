@@ -639,6 +639,9 @@ class VmEnvironment(Environment):
             raise EnvironmentError_(message, self._failure_log()) from error
         return _GuestCommand(self, argv, pid)
 
+    def _nfs_mount_point(self) -> str:
+        return "/mnt/virtlab-nfs"
+
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
         self._check_running()
         console_mark = self._console_size()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticUndefined
@@ -43,6 +43,12 @@ class DiskParams(WorkloadParams):
         description="the directory tested, in the environment: '.' is its working directory (native: "
         "where virtlab runs; container: /mnt, a host directory; VM: the guest's root disk); the "
         "files go into a fresh subdirectory that is removed afterwards",
+    )
+
+    storage: Literal["local", "nfs"] = Field(
+        default="local",
+        description='"nfs": directory is taken inside virtlab\'s NFS export as each environment mounts '
+        "it (an NFS-Ganesha server on this machine, on virtlab's own network; seed 003)",
     )
 
     @field_validator("directory")
