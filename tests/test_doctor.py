@@ -372,3 +372,15 @@ def test_kernel_verdicts(
     assert probe.kvm_usable == usable and probe.accelerator == ("kvm" if usable else "tcg")
     assert phrase in probe.reason
     assert [r.guest for r in probe.runs] == ["boot-sector", "boot-sector", "kernel", "kernel"]
+
+
+def test_nfs_checks_agree_with_the_host(report):
+    server = report.check('NFS export (storage = "nfs")')
+    assert (server.status == "ok") == (shutil.which("ganesha.nfsd") is not None)
+    client = report.check("kernel NFS client")
+    filesystems = Path("/proc/filesystems").read_text().split()
+    modules = Path(f"/lib/modules/{os.uname().release}")
+    has_module = any(modules.rglob("nfsv4.ko*")) if modules.is_dir() else False
+    assert (client.status == "ok") == ("nfs4" in filesystems or has_module)
+    if client.status != "ok":
+        assert "no NFS client" in client.detail and client.fix

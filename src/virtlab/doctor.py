@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from virtlab import accel
+from virtlab import accel, nfs
 from virtlab.metadata import (
     UNAVAILABLE,
     boost_state,
@@ -126,6 +127,8 @@ def run_doctor(refresh: bool = False, probe_timeout_s: float = 20) -> DoctorRepo
         _check_runtime("crun", cgroups),
         *(_check_program(name, fix) for name, fix in _SERVICE_PROGRAMS),
         *(_check_program(tool, f"apt-get install {pkg}") for tool, pkg in TOOL_PACKAGES.items()),
+        _check_nfs_server(),
+        _check_nfs_client(),
         _check_numa(),
         _check_perf_counters(),
         _check_resctrl(),
@@ -254,6 +257,23 @@ def _try_container(runtime: str) -> str | None:
         if ran.returncode != 0:
             return _last_line(ran.stderr or ran.stdout) or f"exit status {ran.returncode}"
     return None
+
+
+def _check_nfs_server() -> Check:
+    name = 'NFS export (storage = "nfs")'
+    why = nfs.missing()
+    if why:
+        return Check(name, "missing", why, f"apt-get install {' '.join(nfs.PACKAGES)}")
+    return Check(name, "ok", f"{nfs.SERVER} (NFS-Ganesha, user space) at {shutil.which(nfs.SERVER)}")
+
+
+def _check_nfs_client() -> Check:
+    name = "kernel NFS client"
+    problem = nfs.kernel_client_problem()
+    if problem:
+        detail = f"{problem}: native and container NFS cells cannot run; guests mount with their own kernel"
+        return Check(name, "missing", detail, "a host kernel with CONFIG_NFS_V4")
+    return Check(name, "ok", "nfs4 available (native and containers can mount virtlab's export)")
 
 
 def _check_numa() -> Check:
