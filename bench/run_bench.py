@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from env_bench import environment_table
+from io_bench import section as io_section
 from numa_bench import tables as numa_tables
 from sampler_bench import sampler_table
 
@@ -172,6 +173,7 @@ def main() -> None:
         "### CPU-usage sampler's own cost\n\n" + sampler_table(seconds=10.0, qemu=True),
         "### NUMA layout: optimizer, simulator, seed 004's case studies\n\n"
         + numa_tables(runs=200, migrations=1000, hosts=1000, seed=0),
+        io_section(args.rounds),
     ]
     text = BENCH_README.read_text()
     begin, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)

@@ -22,6 +22,17 @@ fi
 if command -v systemctl >/dev/null && systemctl is-enabled --quiet nfs-ganesha 2>/dev/null; then
     "${as_root[@]}" systemctl disable --now nfs-ganesha >/dev/null 2>&1 || true
 fi
+# Likewise the services Debian starts with the packages the web and database workloads use, when
+# this script installed them (a host's own nginx or PostgreSQL is left as it is): nginx's default
+# site (port 80 on every interface), the default PostgreSQL cluster (5432) and fcgiwrap's socket.
+# virtlab starts its own servers, on its own network, per trial.
+for pair in nginx:nginx postgresql:postgresql fcgiwrap:fcgiwrap.socket; do
+    package=${pair%%:*} service=${pair#*:}
+    [[ " ${missing[*]} " == *" $package "* ]] || continue
+    if command -v systemctl >/dev/null && systemctl is-enabled --quiet "$service" 2>/dev/null; then
+        "${as_root[@]}" systemctl disable --now "$service" >/dev/null 2>&1 || true
+    fi
+done
 
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv

@@ -31,8 +31,8 @@ from virtlab.export.priority import (
     render_priority_markdown,
     table2_rows,
     table3_rows,
-    usage_series,
 )
+from virtlab.export.usage import usage_series
 from virtlab.plan import load_plan, parse_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,6 +286,10 @@ BAD_PLANS = [
     ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = 1'), ("nice = -20", "cpu_shares = 8192")],
      "CPU quota", "cpus as a list"),
     ([("[priority]", '[[workload]]\nname = "pi"\nkind = "pi"\n\n[priority]')], "one [[workload]]", None),
+    ([('scenario = "priority"', 'scenario = "priority"\ncpu_sample_interval_s = 1.0')],
+     "samples every guest's host process itself", "[priority] sample_interval_s"),
+    ([('kind = "vm"\nvcpus = 1', 'kind = "vm"\nvcpus = 1\n[environment.control]\nnice = -5\n')],
+     "sets its controls per guest", "[priority.configuration.control]"),
 ]  # fmt: skip
 
 

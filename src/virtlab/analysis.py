@@ -55,6 +55,9 @@ def build_cells(
         series = [sample.metadata["series"] for _, sample in entries if "series" in sample.metadata]
         if series:
             cell["series"] = series
+        context = common_metadata([sample.metadata for _, sample in entries])
+        if context:
+            cell["context"] = context
         summaries[(environment, workload, metric)] = cell
 
     for (environment, workload, metric), cell in summaries.items():
@@ -77,6 +80,22 @@ def build_cells(
             rank_env.get(c["environment"], 1 << 30),
         ),
     )
+
+
+def common_metadata(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The scalar sample metadata every trial of a cell agrees on: how a disk trial kept the page
+    cache out (``cache``), the file system it ran on (``fs``), a network trial's ``path`` ... what a
+    report needs to say how a figure was measured. Lists, tables and anything that differs from
+    trial to trial (timings, per-second series) stay in results.sqlite."""
+    if not metadata:
+        return {}
+    first = metadata[0]
+    return {
+        key: value
+        for key, value in first.items()
+        if (value is None or isinstance(value, str | int | float | bool))
+        and all(key in other and other[key] == value for other in metadata[1:])
+    }
 
 
 # Manifest keys compared between each environment and the baseline: a difference here changes

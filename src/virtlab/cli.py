@@ -51,7 +51,7 @@ def run(
             kernels = scenario.preflight(study_plan)
             outcome = scenario(study_plan, out, store, kernels, progress).run()
         else:
-            kernels = preflight(study_plan)
+            kernels = preflight(study_plan, out)
             outcome = StudyRunner(study_plan, out, store, kernels, progress).run()
     finally:
         store.close()

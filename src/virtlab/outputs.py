@@ -13,6 +13,7 @@ from virtlab.errors import InputError
 # its reports. The runner imports this module before the first trial.
 from virtlab.export import write_reports, write_results_csv, write_results_json
 from virtlab.store import ResultStore
+from virtlab.usage import USAGE_KEY
 
 
 def results_from_store(store: ResultStore) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def results_from_store(store: ResultStore) -> dict[str, Any]:
     environments = store.environments()
     order = store.get("environment_order", [])
     environments.sort(key=lambda env: order.index(env["name"]) if env["name"] in order else len(order))
-    return build_results(
+    results = build_results(
         study=study,
         metadata=store.get("metadata", {}),
         environments=environments,
@@ -30,6 +31,10 @@ def results_from_store(store: ResultStore) -> dict[str, Any]:
         trials=store.trials(),
         failures=store.failures(),
     )
+    usage = store.get(USAGE_KEY)
+    if usage:  # [study] cpu_sample_interval_s: the environments' CPU over time
+        results[USAGE_KEY] = usage
+    return results
 
 
 def write_outputs(out_dir: Path, store: ResultStore, reports: bool = True) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from virtlab import stats
+from virtlab.control import ControlSpec
+from virtlab.control.environment import plan_problems
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.registry import Registry, UnknownPluginError
@@ -52,6 +54,13 @@ class StudySpec(BaseModel):
     max_trials: int | None = Field(default=None, ge=1, description="adaptive: never more than this")
     scenario: str | None = Field(
         default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
+    )
+    cpu_sample_interval_s: float | None = Field(
+        default=None,
+        ge=0.1,
+        le=60,
+        description="record the CPU usage of every environment's host processes every this many seconds "
+        "over the whole study (the report plots it); unset: not recorded",
     )
 
     @field_validator("reduction")
@@ -95,12 +104,17 @@ class EnvironmentSpec:
     kind: str
     options: EnvironmentOptions
     cls: type[Environment]
+    control: ControlSpec | None = None
+    """``[environment.control]``: priority and placement of its host processes (``virtlab.control``)."""
 
     def create(self, workdir: Path) -> Environment:
         return self.cls(self.name, self.options, workdir)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
+        described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
+        if self.control is not None:
+            described["control"] = self.control.to_dict()
+        return described
 
 
 @dataclass(frozen=True)
@@ -249,8 +263,15 @@ def _plugin_table(
 
 def _environment(table: dict[str, Any], source: str, index: int) -> EnvironmentSpec:
     name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
-    options = _validated(cls.Options, _without(table, "name", "kind"), source, where)
-    return EnvironmentSpec(name, kind, options, cls)
+    options = _validated(cls.Options, _without(table, "name", "kind", "control"), source, where)
+    if "control" not in table:
+        return EnvironmentSpec(name, kind, options, cls)
+    control = _validated(ControlSpec, table["control"], source, f"{where}.control")
+    problems = plan_problems(control, kind, *cls.host_scope(options), options)
+    if problems:
+        problem, fix = problems[0]
+        raise InputError(source, f"{where}.control: {problem}", fix)
+    return EnvironmentSpec(name, kind, options, cls, control)
 
 
 def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:

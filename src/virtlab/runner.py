@@ -4,16 +4,18 @@ The data flows one way: plan -> schedule -> environment runs workload -> trial s
 outputs rebuilt. A failing cell is stored with its log and the study goes on; Ctrl-C
 (or SIGTERM) stops after tearing the environments down, keeping every finished trial.
 
-A network workload (``PeerWorkload``) has a server side: its trial starts the servers in the peer
-environment(s), runs the client(s) at once, stops the servers and parses the clients' output (see
-``virtlab.workloads._peer`` for who runs what).
+A network workload (``PeerWorkload``) has a server side: its trial places the workload's files and
+runs its set-up commands on both sides, starts the servers in the peer environment(s) (or in the
+cell, for a workload the cell serves), runs the client(s) at once, stops the servers, runs the
+clean-up commands and parses the clients' output (see ``virtlab.workloads._peer`` for who runs what).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import shutil
+import posixpath
 import signal
+import tempfile
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -23,36 +25,48 @@ from typing import Any
 
 from virtlab import __version__, nfs, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.control import ControlError, validate_against_host
+from virtlab.control.environment import EnvironmentControls, controls_for
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
 from virtlab.errors import InputError
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import write_outputs
-from virtlab.plan import Plan, WorkloadSpec
+from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
 from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
-from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, combine
+from virtlab.usage import USAGE_KEY, StudyUsage, append_run
+from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, Role, ServerPlace, combine
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 LISTEN_WAIT_S = 30.0
 """How long a client keeps trying to connect while its server starts (a TCG guest is slow)."""
 _RETRY_S = 0.25
 _SERVER_STOP_S = 5.0
+_STEP_TIMEOUT_S = 120.0
+"""A peer workload's set-up and clean-up commands (mkdir, rm of a large file in a slow guest)."""
+UNAVAILABLE = "unavailable"
+"""The phase of a failure that is no fault: the environment's software lacks what the workload asks
+for (``PeerWorkload.unavailable``); the report gives its reason for the missing figure."""
 
 
 class TrialFailure(Exception):
-    def __init__(self, error: str, log: str) -> None:
+    def __init__(self, error: str, log: str, phase: str = "run") -> None:
         super().__init__(error)
         self.log = log
+        self.phase = phase
 
 
 @dataclass
 class StudyOutcome:
     out_dir: Path
     failed_cells: set[Cell] = field(default_factory=set)
+    unavailable_cells: set[Cell] = field(default_factory=set)
+    """Cells whose environment's software lacks what the workload asks for (a cipher its OpenSSH no
+    longer offers): reported as missing with the reason, not failures, and tried only once."""
     failed_environments: set[str] = field(default_factory=set)
     interrupted: bool = False
 
@@ -95,28 +109,28 @@ def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
     return store
 
 
-def _space_problems(environment: str, spec: WorkloadSpec) -> list[str]:
-    """A storage workload whose files do not fit in its directory on the host fails now, not after
-    an hour of other cells (inside guests the kernel refuses at run time with the figures)."""
+def _space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> list[str]:
+    """A storage workload whose files do not fit in its directory, as its environment will see it,
+    fails now, not after an hour of other cells (where the room cannot be known before, the
+    kernel refuses at run time with the figures)."""
     needed = getattr(spec.workload, "required_space_mb", 0)
     directory = getattr(spec.workload.params, "directory", None)
     if not needed or directory is None:
         return []
+    where = f"environment {env.name!r}, workload {spec.name!r}"
     try:
-        free_mb = shutil.disk_usage(directory).free // 2**20
+        free_mb = env.cls.free_space_mb(env.options, directory, out_dir / "environments" / env.name)
     except OSError as error:
-        where = f"environment {environment!r}, workload {spec.name!r}"
         return [f"{where}: directory {directory!r}: {error.strerror}"]
-    if free_mb >= needed:
+    if free_mb is None or free_mb >= needed:
         return []
-    return [
-        f"environment {environment!r}, workload {spec.name!r}: needs {needed} MiB free in "
-        f"{directory!r}, which has {free_mb} MiB"
-    ]
+    room = " (a VM: set disk_size_mb, the guest's disk)" if env.kind in ("vm", "libvirt") else ""
+    return [f"{where}: needs {needed} MiB free in {directory!r}, which has {free_mb} MiB{room}"]
 
 
-def preflight(plan: Plan) -> KernelBuild:
-    """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell."""
+def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
+    """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell.
+    ``out_dir``: the results directory, where containers and VMs will keep their files."""
     names = [env.name for env in plan.environments]
     for spec in plan.workloads:
         if isinstance(spec.workload, PeerWorkload):
@@ -127,25 +141,44 @@ def preflight(plan: Plan) -> KernelBuild:
                         f"workload {spec.name!r}: no environment named {peer!r} (its peer)",
                         f"use one of: {', '.join(names)}",
                     )
-    problems = []
+    problems, space = [], []
     for env in plan.environments:
+        if env.control is not None:
+            vcpus = getattr(env.options, "vcpus", None)
+            problems += [
+                f"environment {env.name!r}: control: {p}"
+                for p in validate_against_host(env.control, vcpus=vcpus)
+            ]
         for workload in plan.workloads:
             for problem in env.cls.preflight(env.options, workload.workload.tools):
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
-            if env.kind == "native" and not uses_nfs(workload.workload):
-                problems += _space_problems(env.name, workload)
+            if not uses_nfs(workload.workload):
+                space += _space_problems(env, workload, out_dir or Path("results"))
     if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
         problems.append(f'storage = "nfs": {nfs.missing()}')
     if problems:
         raise InputError(
             plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
         )
+    if space:
+        raise InputError(
+            plan.source, space[0], "make the workload's file smaller or give it a place with room"
+        )
     try:
-        return build_kernels()
+        kernels = build_kernels()
     except BuildError as error:
         raise InputError(
             "virtlab kernels", str(error), "apt-get install build-essential libgmp-dev libmpfr-dev"
         ) from None
+    # A program the host could not build (a Java workload without a JDK) is missing everywhere.
+    missing = [
+        f"workload {spec.name!r} needs {problem}"
+        for spec in plan.workloads
+        for problem in kernels.missing_programs(spec.workload.kernels)
+    ]
+    if missing:
+        raise InputError(plan.source, missing[0], "install it, or drop the workload")
+    return kernels
 
 
 class StudyRunner:
@@ -161,6 +194,9 @@ class StudyRunner:
         )
         self.outcome = StudyOutcome(out_dir)
         self.environments: dict[str, Environment] = {}
+        self.controls: dict[str, EnvironmentControls] = {}
+        self.usage: StudyUsage | None = None
+        self._manifests: dict[str, dict[str, Any]] = {}
         self.storage = SharedStorage(out_dir / "storage")
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
         # A network workload's senders and receivers are peers of its cells, not cells of it.
@@ -174,6 +210,9 @@ class StudyRunner:
     def run(self) -> StudyOutcome:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         self._record_study()
+        self._show_notices()
+        if self.plan.study.cpu_sample_interval_s is not None:
+            self.usage = StudyUsage(self.plan.study.cpu_sample_interval_s)
         try:
             self._provision_all()
             self._start_storage()
@@ -187,6 +226,7 @@ class StudyRunner:
             signal.signal(signal.SIGTERM, previous)
             self.progress.stop()
             self._teardown_all()
+            self._store_usage(final=True)
             self._finish_study()
         return self.outcome
 
@@ -222,6 +262,24 @@ class StudyRunner:
         self._put_study_summary(self.store.get("status"))
         write_outputs(self.out_dir, self.store, reports=True)
 
+    def _show_notices(self) -> None:
+        """What a peer workload's tools on this host tell before anything runs (a cipher this
+        OpenSSH does not offer), for a workload whose client runs on the native side."""
+        native = {env.name for env in self.plan.environments if env.kind == "native"}
+        for spec in self.plan.workloads:
+            workload = spec.workload
+            if not isinstance(workload, PeerWorkload):
+                continue
+            clients = {
+                link.client
+                for env in self.plan.environments
+                if workload.runs_in(env.name)
+                for link in workload.links(env.name, self.plan.baseline)
+            }
+            if clients & native:
+                for text in workload.notices():
+                    self.progress.note(f"workload {spec.name!r}: {text}")
+
     # -- environments ------------------------------------------------------------------
     def _provision_all(self) -> None:
         for spec in self.plan.environments:
@@ -230,10 +288,16 @@ class StudyRunner:
             environment = spec.create(workdir)
             environment.say = lambda line, env=spec.name: self.progress.trial(env, "provisioning", line[:80])
             self.progress.note(f"provisioning {spec.name} ({spec.kind})")
+            controls = self._watch_host_side(spec, environment)
             try:
                 environment.provision(self.kernels)
+                if controls is not None:
+                    controls.provisioned(environment)
                 manifest = environment.manifest()
             except BaseException as error:
+                self._undo_controls(spec.name)
+                if self.usage is not None:
+                    self.usage.tearing_down(spec.name)
                 if not isinstance(error, (EnvironmentError_, OSError, RuntimeError)):
                     environment.teardown()  # Ctrl-C mid-provisioning leaves nothing running
                     raise
@@ -246,8 +310,15 @@ class StudyRunner:
                 )
                 self.outcome.failed_environments.add(spec.name)
                 environment.teardown()
+                if self.usage is not None:
+                    self.usage.torn_down(spec.name)
                 continue
+            if controls is not None:
+                manifest = {**manifest, "control": controls.record()}
+            self._manifests[spec.name] = manifest
             self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
+            if self.usage is not None:
+                self.usage.provisioned(spec.name)
             self.environments[spec.name] = environment
             self._store_setup_samples(spec.name, environment)
 
@@ -259,12 +330,61 @@ class StudyRunner:
         index = self.store.trial_counts().get((name, SETUP_WORKLOAD), 0)
         self.store.add_trial(TrialRecord(name, SETUP_WORKLOAD, index, time.time(), 0.0, tuple(samples)))
 
+    def _watch_host_side(self, spec: EnvironmentSpec, environment: Environment) -> EnvironmentControls | None:
+        """The plan's controls of the environment and the CPU sampling of its host processes, both
+        told of each host process as it starts (``Environment.process_started``)."""
+        scope, why_not = spec.cls.host_scope(spec.options)
+        controls = None
+        if spec.control is not None and scope is not None:
+            controls = self.controls[spec.name] = controls_for(spec.control, spec.name, scope)
+        if self.usage is not None:
+            self.usage.provisioning(spec.name, spec.kind, scope, why_not)
+        usage = self.usage
+
+        def started(pid: int) -> None:
+            try:
+                if controls is not None:
+                    controls.process_started(pid)
+                if usage is not None:
+                    usage.process_started(spec.name, environment, pid)
+            except Exception as error:  # noqa: BLE001 - must never break the command it reports
+                self.progress.note(f"{spec.name}: host process {pid}: {error}")
+
+        environment.process_started = started
+        if usage is not None and scope == "commands":
+            environment.process_ending = usage.process_ending
+        return controls
+
+    def _undo_controls(self, name: str) -> None:
+        controls = self.controls.pop(name, None)
+        if controls is None:
+            return
+        try:
+            controls.undo()
+        except (ControlError, OSError) as error:
+            self.progress.note(f"undoing the controls of {name} failed: {error}")
+        if name in self._manifests:  # what was applied over the whole study (native: every command)
+            manifest = {**self._manifests[name], "control": controls.record()}
+            spec = next(env for env in self.plan.environments if env.name == name)
+            self.store.put_environment(name, spec.kind, spec.describe()["options"], "ok", manifest)
+
+    def _store_usage(self, final: bool = False) -> None:
+        if self.usage is None:
+            return
+        run = self.usage.stop() if final else self.usage.record()
+        self.store.put(USAGE_KEY, append_run(self.store.get(USAGE_KEY), run))
+
     def _teardown_all(self) -> None:
         for environment in self.environments.values():
+            if self.usage is not None:
+                self.usage.tearing_down(environment.name)
+            self._undo_controls(environment.name)
             try:
                 environment.teardown()
             except Exception as error:  # noqa: BLE001 - teardown of one must not stop the others
                 self.progress.note(f"teardown of {environment.name} failed: {error}")
+            if self.usage is not None:
+                self.usage.torn_down(environment.name)
         self.storage.stop()  # after the environments: each unmounts it first
 
     def _start_storage(self) -> None:
@@ -302,7 +422,8 @@ class StudyRunner:
         while True:
             counts = self.store.trial_counts()
             extra = cells_needing_more(self._spreads(), counts, study.target_cov_pct, study.trial_limit)
-            extra = [cell for cell in extra if cell not in self.outcome.failed_cells]
+            done = self.outcome.failed_cells | self.outcome.unavailable_cells
+            extra = [cell for cell in extra if cell not in done]
             if not extra:
                 return
             tasks = [Task(env, wl, counts[(env, wl)]) for env, wl in extra]
@@ -328,12 +449,13 @@ class StudyRunner:
     def _run_tasks(self, rounds: list[list[Task]]) -> None:
         for tasks in rounds:
             for task in tasks:
-                if task.cell in self.outcome.failed_cells:
+                if task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells:
                     self.progress.advance()
                     continue
                 self.progress.trial(task.environment, task.workload, task.label)
                 self._run_task(task)
                 self.progress.advance()
+            self._store_usage()
             write_outputs(self.out_dir, self.store, reports=False)
 
     def _run_task(self, task: Task) -> None:
@@ -349,19 +471,27 @@ class StudyRunner:
             if workload.cache_sensitive:
                 context["host_cache"] = drop_host_caches()
             steal_before = _steal(environment)
-            if isinstance(workload, PeerWorkload):
-                samples = self._measure_peers(task.environment, workload)
-            else:
-                samples = self._measure(environment, workload)
+            if self.usage is not None:
+                self.usage.trial_started(task.environment, task.workload, task.trial)
+            try:
+                if isinstance(workload, PeerWorkload):
+                    samples = self._measure_peers(task.environment, workload)
+                else:
+                    samples = self._measure(environment, workload)
+            finally:
+                if self.usage is not None:
+                    self.usage.trial_ended(task.environment)
+            missed = self.controls[task.environment].problems() if task.environment in self.controls else []
+            if missed:
+                raise TrialFailure(f"the plan's controls did not apply: {missed[0]}", "\n".join(missed))
             steal_after = _steal(environment)
         except TrialFailure as failure:
-            self.outcome.failed_cells.add(task.cell)
-            self.store.add_failure(
-                FailureRecord(
-                    task.environment, task.workload, task.trial, "run", str(failure), failure.log, time.time()
-                )
-            )
-            self.progress.note(f"FAILED {task.workload} @ {task.environment} ({task.label}): {failure}")
+            unavailable = failure.phase == UNAVAILABLE
+            (self.outcome.unavailable_cells if unavailable else self.outcome.failed_cells).add(task.cell)
+            where = (task.environment, task.workload, task.trial, failure.phase)
+            self.store.add_failure(FailureRecord(*where, str(failure), failure.log, time.time()))
+            word = "NOT MEASURED" if unavailable else "FAILED"
+            self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {failure}")
             return
         if task.trial is not None:
             elapsed = time.time() - started
@@ -402,13 +532,20 @@ class StudyRunner:
 def measure_peers(
     environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
 ) -> list[Sample]:
-    """One trial of a network workload: the servers of every link started, the clients run at once
-    (each trying again while its server comes up), the servers stopped, the clients' outputs parsed
-    and combined; a failure anywhere is the trial's, with the logs of both sides."""
+    """One trial of a network workload: the workload's files and set-up on both sides of every link,
+    the servers started, the clients run at once (each trying again while its server comes up), the
+    servers stopped, the clean-up run, the clients' outputs parsed and combined; a failure anywhere
+    is the trial's, with the logs of both sides."""
     servers: list[tuple[Link, BackgroundCommand]] = []
     stopped: list[tuple[Link, bool, CommandResult]] = []  # link, ended before stop(), result
+    prepared: list[tuple[str, Role, int]] = []  # the sides whose clean-up is due
     try:
         addresses = {link: _server_address(environments, link) for link in links}
+        places = {link: _server_place(environments, link) for link in links if workload.client_knows_server}
+        for link in links:
+            for name, role in ((link.server, "server"), (link.client, "client")):
+                prepared.append((name, role, link.slot))
+                _prepare(environments[name], name, workload, role, link.slot)
         for link in links:
             server = environments[link.server]
             for argv in workload.server_commands(server.bin_dir, link.slot, bind=addresses[link]):
@@ -416,7 +553,8 @@ def measure_peers(
 
         def client(link: Link) -> CommandResult:
             own = [command for where, command in servers if where == link]
-            return _run_client(environments[link.client], link, workload, addresses[link], own)
+            place = places.get(link)
+            return _run_client(environments[link.client], link, workload, addresses[link], own, place)
 
         with ThreadPoolExecutor(max_workers=len(links)) as pool:
             results = list(pool.map(client, links))
@@ -424,11 +562,16 @@ def measure_peers(
         raise TrialFailure(f"environment error: {error}", getattr(error, "log", "") or repr(error)) from None
     finally:
         stopped = [(link, not command.running(), command.stop(_SERVER_STOP_S)) for link, command in servers]
+        leftovers = _clean_up(environments, workload, prepared)
     parsed = []
     for link, result in zip(links, results, strict=True):
         own = [(ended, server) for where, ended, server in stopped if where == link]
         log = _peer_log(link, result, [server for _, server in own])
         where = f"client in {link.client} -> server in {link.server}"
+        if not result.ok:
+            reason = workload.unavailable(result, [server for _, server in own])
+            if reason is not None:
+                raise TrialFailure(f"{reason}; {where}", log, UNAVAILABLE)
         if result.timed_out:
             raise TrialFailure(f"{where}: timed out after {workload.timeout_s:g} s", log)
         if workload.not_listening(result.stdout, result.stderr):
@@ -444,7 +587,68 @@ def measure_peers(
         path = "loopback" if link.client == link.server else "network"
         info = {"client": link.client, "server": link.server, "address": addresses[link], "path": path}
         parsed.append((info, samples))
+    if leftovers:
+        message, log = leftovers[0]
+        raise TrialFailure(message, "\n".join(log for _, log in leftovers))
     return combine(parsed)
+
+
+def _prepare(environment: Environment, name: str, workload: PeerWorkload, role: Role, slot: int) -> None:
+    """A side's files placed (their directories made first) and its set-up commands run."""
+    files = workload.files(role, slot)
+    for path in files:
+        parts = posixpath.normpath(path).split("/")
+        if posixpath.isabs(path) or ".." in parts or path in ("", "."):
+            raise TrialFailure(f"{workload.kind}: {path!r} is not a path inside the working directory", "")
+    directories = sorted({posixpath.dirname(posixpath.normpath(path)) for path in files} - {""})
+    commands = [["mkdir", "-p", "--", *directories]] if directories else []
+    _run_step(environment, name, role, commands)
+    if files:
+        with tempfile.TemporaryDirectory(prefix="virtlab-place-") as staging:
+            for index, (path, content) in enumerate(files.items()):
+                local = Path(staging) / str(index)
+                local.write_bytes(content)
+                local.chmod(0o600)  # keys among them: ssh refuses a private key others can read
+                environment.copy_in(local, path)
+    _run_step(environment, name, role, workload.setup_commands(role, slot))
+
+
+def _run_step(environment: Environment, name: str, role: Role, commands: list[list[str]]) -> None:
+    for argv in commands:
+        result = environment.run(argv, _STEP_TIMEOUT_S)
+        if not result.ok:
+            status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
+            said = result.stderr.strip().splitlines()[-1:]  # a set-up step's own last word says why
+            why = f"{argv[0]}: {status}" + "".join(f": {line}" for line in said)
+            raise TrialFailure(f"setting up the {role} in {name}: {why}", result.log())
+
+
+def _clean_up(
+    environments: Mapping[str, Environment], workload: PeerWorkload, prepared: list[tuple[str, Role, int]]
+) -> list[tuple[str, str]]:
+    """Every prepared side's clean-up commands, none skipped for another's failure; returns the
+    failures as (message, log). It never raises: it runs while a trial's own failure may be on its way."""
+    failures = []
+    for name, role, slot in prepared:
+        for argv in workload.cleanup_commands(role, slot):
+            try:
+                result = environments[name].run(argv, _STEP_TIMEOUT_S)
+            except (EnvironmentError_, OSError) as error:
+                failures.append((f"cleaning up the {role} in {name}: {error}", getattr(error, "log", "")))
+                continue
+            if not result.ok:
+                status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
+                failures.append((f"cleaning up the {role} in {name}: {argv[0]}: {status}", result.log()))
+    return failures
+
+
+def _server_place(environments: Mapping[str, Environment], link: Link) -> ServerPlace:
+    """The server environment's working directory (absolute) and user, as its commands see them."""
+    result = environments[link.server].run(["sh", "-c", "pwd && id -un"], _STEP_TIMEOUT_S)
+    lines = result.stdout.splitlines()
+    if not result.ok or len(lines) != 2 or not lines[0].startswith("/"):
+        raise TrialFailure(f"the working directory and user of {link.server} are not known", result.log())
+    return ServerPlace(directory=lines[0], user=lines[1])
 
 
 def _server_address(environments: Mapping[str, Environment], link: Link) -> str:
@@ -471,8 +675,12 @@ def _run_client(
     workload: PeerWorkload,
     address: str,
     servers: list[BackgroundCommand],
+    place: ServerPlace | None = None,
 ) -> CommandResult:
-    argv = workload.client_command(environment.bin_dir, address, link.slot)
+    if place is None:
+        argv = workload.client_command(environment.bin_dir, address, link.slot)
+    else:
+        argv = workload.client_command(environment.bin_dir, address, link.slot, server=place)
     deadline = time.monotonic() + LISTEN_WAIT_S
     while True:
         result = environment.run(argv, workload.timeout_s)

@@ -29,6 +29,16 @@ process, which becomes readable the moment the process exits, and reads the zomb
 immediately (``final_read = "at-exit"``). If the parent reaped it first, the last periodic reading
 stays (``"last-sample"``: at most one interval's CPU is missing). An owner that wants no loss calls
 ``os.waitid(P_PID, pid, WEXITED | WNOWAIT)``, then ``sampler.read_now(name)``, then reaps.
+
+A container's commands are not in its init's tree (``runc exec`` makes them children of a runc
+process outside), so a container is sampled through its cgroup instead (``cgroup_file``): the
+cgroup's own CPU counter (v1 ``cpuacct.usage`` in ns, v2 ``cpu.stat`` ``usage_usec``) counts every
+process that ever ran in it, exited ones included; its init's pid still marks start and exit.
+
+The whole host is read too, at every tick: the ``cpu`` line of /proc/stat (busy = user + nice +
+system + irq + softirq, iowait, idle, steal, summed over the CPUs). Against it, the sampled
+processes' sum shows how much of the host went elsewhere: a 2-CPU host whose five VMs add up to
+130 % while it is 200 % busy lends the rest to other processes, it does not under-count the VMs.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 PHASES = ("setup", "boot", "run")
@@ -49,6 +60,7 @@ MIN_INTERVAL_S = 0.1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FinalRead = Literal["running", "stopped", "at-exit", "last-sample"]
 _HAS_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+PROC_STAT = "/proc/stat"
 
 
 class Stat(NamedTuple):
@@ -78,6 +90,58 @@ def parse_stat(text: str) -> Stat:
         cstime=int(fields[14]),
         starttime=int(fields[19]),
     )
+
+
+def parse_host_stat(text: str) -> tuple[int, dict[str, int]]:
+    """The aggregate ``cpu`` line of /proc/stat in clock ticks, and the number of ``cpuN`` lines.
+
+    busy = user + nice + system + irq + softirq (guest time is inside user and nice already);
+    idle and iowait are time nothing ran; steal is time a hypervisor gave to someone else.
+    """
+    cpus, ticks = 0, None
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        if fields[0] == "cpu":
+            values = [int(v) for v in fields[1:]] + [0] * 8
+            user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+            ticks = {
+                "busy": user + nice + system + irq + softirq,
+                "iowait": iowait,
+                "idle": idle,
+                "steal": steal,
+            }
+        elif fields[0].startswith("cpu") and fields[0][3:].isdigit():
+            cpus += 1
+        else:
+            break  # the cpu lines come first; the rest (intr ...) can be long
+    if ticks is None:
+        raise ValueError("no aggregate cpu line in /proc/stat")
+    return cpus, ticks
+
+
+def parse_cgroup_cpu(text: str, filename: str) -> float:
+    """CPU seconds of a cgroup from v1 ``cpuacct.usage`` (ns) or v2 ``cpu.stat`` (``usage_usec``)."""
+    if filename == "cpuacct.usage":
+        return int(text.strip()) / 1e9
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value) / 1e6
+    raise ValueError(f"no usage_usec in {filename}: {text[:80]!r}")
+
+
+def cgroup_cpu_file(paths: Mapping[str, str]) -> Path | None:
+    """The file that counts a cgroup's CPU, from ``runc state``'s ``cgroup_paths`` (controller ->
+    directory): v1 cpuacct (mounted alone or with cpu), else the v2 directory's ``cpu.stat``."""
+    for controller in ("cpuacct", "cpu,cpuacct", "cpu"):
+        if controller in paths and (Path(paths[controller]) / "cpuacct.usage").exists():
+            return Path(paths[controller]) / "cpuacct.usage"
+    unified = paths.get("")
+    if unified and (Path(unified) / "cpu.stat").exists():
+        return Path(unified) / "cpu.stat"
+    return None
 
 
 @dataclass(frozen=True)
@@ -143,6 +207,8 @@ class ProcessCpu:
     final_read: FinalRead = "running"
     include_children: bool = False
     threads: tuple[ThreadCpu, ...] = ()
+    cgroup_file: str | None = None
+    """Set when the CPU was read from a cgroup's counter (a container) instead of the process."""
 
     @property
     def cpu_s(self) -> tuple[float, ...]:
@@ -184,6 +250,8 @@ class ProcessCpu:
             "final_read": self.final_read,
             "include_children": self.include_children,
         }
+        if self.cgroup_file is not None:
+            out["cgroup_file"] = self.cgroup_file
         if self.threads:
             out["threads"] = [
                 {"tid": t.tid, "comm": t.comm, "cpu_total_s": [_r(v) for v in t.cpu_total_s]}
@@ -206,11 +274,54 @@ class ProcessCpu:
             threads=tuple(
                 ThreadCpu(t["tid"], t["comm"], tuple(t["cpu_total_s"])) for t in data.get("threads", ())
             ),
+            cgroup_file=data.get("cgroup_file"),
         )
 
 
 def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
+
+
+@dataclass(frozen=True)
+class HostCpu:
+    """The whole host at each tick, from /proc/stat: cumulative seconds summed over its CPUs."""
+
+    cpus: int
+    times_s: tuple[float, ...]
+    busy_s: tuple[float, ...]
+    iowait_s: tuple[float, ...]
+    idle_s: tuple[float, ...]
+    steal_s: tuple[float, ...]
+
+    def busy_pct(self) -> tuple[float, ...]:
+        """Busy CPU of each interval in % of one core (a fully busy 2-CPU host shows 200)."""
+        return tuple(
+            100.0 * (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+            for t0, t1, b0, b1 in zip(
+                self.times_s, self.times_s[1:], self.busy_s, self.busy_s[1:], strict=False
+            )
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cpus": self.cpus,
+            "times_s": [_r(t) for t in self.times_s],
+            "busy_s": [_r(v) for v in self.busy_s],
+            "iowait_s": [_r(v) for v in self.iowait_s],
+            "idle_s": [_r(v) for v in self.idle_s],
+            "steal_s": [_r(v) for v in self.steal_s],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostCpu:
+        return cls(
+            cpus=data["cpus"],
+            times_s=tuple(data["times_s"]),
+            busy_s=tuple(data["busy_s"]),
+            iowait_s=tuple(data["iowait_s"]),
+            idle_s=tuple(data["idle_s"]),
+            steal_s=tuple(data["steal_s"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -227,6 +338,8 @@ class CpuTimeline:
     """CPU time of the sampler's own thread."""
     ticks: int = 0
     """Periodic samples taken."""
+    host: HostCpu | None = None
+    """The whole host's CPU at each tick (None where /proc/stat cannot be read)."""
 
     def __getitem__(self, name: str) -> ProcessCpu:
         for process in self.processes:
@@ -255,6 +368,7 @@ class CpuTimeline:
             "sampler_cpu_s": _r(self.sampler_cpu_s),
             "ticks": self.ticks,
             "processes": [p.to_dict() for p in self.processes],
+            "host": self.host.to_dict() if self.host is not None else None,
         }
 
     @classmethod
@@ -267,6 +381,7 @@ class CpuTimeline:
             processes=tuple(ProcessCpu.from_dict(p) for p in data["processes"]),
             sampler_cpu_s=data.get("sampler_cpu_s", 0.0),
             ticks=data.get("ticks", 0),
+            host=HostCpu.from_dict(data["host"]) if data.get("host") else None,
         )
 
 
@@ -287,6 +402,8 @@ class _Tracked:
     include_children: bool
     per_thread: bool
     started_s: float | None
+    cgroup_fd: int | None = None
+    cgroup_file: str | None = None
     times: list[float] = field(default_factory=list)
     totals: list[float] = field(default_factory=list)
     marks: list[PhaseMark] = field(default_factory=list)
@@ -323,6 +440,9 @@ class CpuSampler:
         self._ticks = 0
         self._sampler_cpu_s = 0.0
         self._end_s: float | None = None
+        self._host_fd: int | None = None
+        self._host_cpus = 0
+        self._host: list[tuple[float, dict[str, int]]] = []
         self.native_id: int | None = None
         """The sampler thread's kernel thread id, once started."""
 
@@ -334,6 +454,12 @@ class CpuSampler:
         if self._end_s is not None:
             raise RuntimeError("the sampler is stopped")
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            self._host_fd = os.open(PROC_STAT, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._host_fd = None  # no /proc/stat: the processes are still sampled
+        with self._lock:
+            self._read_host(self._now())
         self._thread = threading.Thread(target=self._run, name="virtlab-cpu-sampler", daemon=True)
         self._thread.start()
         return self
@@ -353,8 +479,13 @@ class CpuSampler:
         include_children: bool = False,
         per_thread: bool = False,
         phase: str | None = None,
+        cgroup_file: Path | str | None = None,
     ) -> None:
-        """Start sampling ``pid`` as ``name`` (a first reading now); ``phase`` marks its first phase."""
+        """Start sampling ``pid`` as ``name`` (a first reading now); ``phase`` marks its first phase.
+
+        With ``cgroup_file`` (see ``cgroup_cpu_file``) the CPU is the cgroup's counter, the pid only
+        tells when it started and ended.
+        """
         if self._end_s is not None:
             raise RuntimeError("the sampler is stopped")
         with self._lock:
@@ -372,6 +503,15 @@ class CpuSampler:
             except (OSError, ValueError):
                 os.close(fd)
                 raise ProcessLookupError(f"{name}: process {pid} exited before its first reading") from None
+            cgroup_fd = None
+            if cgroup_file is not None:
+                try:
+                    cgroup_fd = os.open(cgroup_file, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as error:
+                    for opened in (fd, pidfd):
+                        if opened is not None:
+                            os.close(opened)
+                    raise ProcessLookupError(f"{name}: cgroup counter {cgroup_file}: {error}") from None
             now = self._now()
             tracked = _Tracked(
                 name,
@@ -382,12 +522,18 @@ class CpuSampler:
                 include_children,
                 per_thread,
                 self._start_offset(stat, now),
+                cgroup_fd,
+                str(cgroup_file) if cgroup_file is not None else None,
             )
             if phase is not None:
                 tracked.marks.append(PhaseMark(now, phase))
             self._tracked[name] = tracked
             self._read(tracked, now, scan=self._scan() if include_children else None)
         self._wake()
+
+    def now(self) -> float:
+        """Seconds since the sampler was created: the time axis of every reading and mark."""
+        return self._now()
 
     def mark(self, phase: str, name: str | None = None) -> float:
         """Record that ``name`` (or every process still running) enters ``phase`` now; returns the time."""
@@ -404,12 +550,26 @@ class CpuSampler:
         return now
 
     def read_now(self, name: str) -> float:
-        """Take a reading of ``name`` at once (e.g. between waitid(WNOWAIT) and reaping); its total."""
+        """Take a reading of ``name`` at once (e.g. between waitid(WNOWAIT) and reaping); its total.
+
+        A process found exited (a zombie) keeps this reading as its final one (``"at-exit"``).
+        """
         with self._lock:
             tracked = self._tracked[name]
             if tracked.alive:
-                self._read(tracked, self._now(), scan=self._scan() if tracked.include_children else None)
+                now = self._now()
+                self._read(tracked, now, scan=self._scan() if tracked.include_children else None)
+                if tracked.alive and self._is_zombie(tracked):
+                    tracked.exited_s, tracked.final_read = now, "at-exit"
+                    self._close(tracked)
             return tracked.totals[-1]
+
+    @staticmethod
+    def _is_zombie(tracked: _Tracked) -> bool:
+        try:
+            return parse_stat(os.pread(tracked.fd, 1024, 0).decode()).state in ("Z", "X")
+        except (OSError, ValueError):
+            return False
 
     def timeline(self) -> CpuTimeline:
         """What was recorded so far (the sampler keeps going)."""
@@ -435,6 +595,10 @@ class CpuSampler:
                     if tracked.alive:
                         tracked.final_read = "stopped"
                 self._close(tracked)
+            self._read_host(end)
+            if self._host_fd is not None:
+                os.close(self._host_fd)
+                self._host_fd = None
             self._end_s = end
             timeline = self._timeline(end)
         if self._wake_w >= 0:
@@ -488,6 +652,7 @@ class CpuSampler:
             scan = self._scan() if any(t.include_children for t in live) else None
             for tracked in live:
                 self._read(tracked, now, scan=scan)
+            self._read_host(now)
 
     def _exited(self, name: str) -> None:
         with self._lock:
@@ -523,6 +688,13 @@ class CpuSampler:
             raise _Gone from None
         if stat.starttime != tracked.starttime:
             raise _Gone
+        if tracked.cgroup_fd is not None:
+            assert tracked.cgroup_file is not None
+            try:
+                text = os.pread(tracked.cgroup_fd, 4096, 0).decode()
+                return parse_cgroup_cpu(text, Path(tracked.cgroup_file).name)
+            except (OSError, ValueError):
+                raise _Gone from None  # the cgroup was removed: the container is gone
         if not tracked.include_children:
             return (stat.utime + stat.stime) / CLK_TCK
         ticks = stat.utime + stat.stime + stat.cutime + stat.cstime
@@ -570,14 +742,24 @@ class CpuSampler:
         tracked.exited_s, tracked.final_read = now, "last-sample"
         self._close(tracked)
 
+    def _read_host(self, now: float) -> None:
+        if self._host_fd is None:
+            return
+        try:
+            cpus, ticks = parse_host_stat(os.pread(self._host_fd, 1 << 16, 0).decode())
+        except (OSError, ValueError):
+            return
+        self._host_cpus = cpus
+        self._host.append((now, ticks))
+
     def _close(self, tracked: _Tracked) -> None:
-        for fd in [tracked.fd, tracked.pidfd, *tracked.thread_fds.values()]:
+        for fd in [tracked.fd, tracked.pidfd, tracked.cgroup_fd, *tracked.thread_fds.values()]:
             if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        tracked.fd, tracked.pidfd = -1, None
+        tracked.fd, tracked.pidfd, tracked.cgroup_fd = -1, None, None
         tracked.thread_fds.clear()
 
     def _scan(self) -> dict[int, Stat] | None:
@@ -614,6 +796,23 @@ class CpuSampler:
             processes=processes,
             sampler_cpu_s=self._sampler_cpu_s,
             ticks=self._ticks,
+            host=self._host_cpu(),
+        )
+
+    def _host_cpu(self) -> HostCpu | None:
+        if not self._host:
+            return None
+
+        def series(key: str) -> tuple[float, ...]:
+            return tuple(ticks[key] / CLK_TCK for _, ticks in self._host)
+
+        return HostCpu(
+            cpus=self._host_cpus,
+            times_s=tuple(t for t, _ in self._host),
+            busy_s=series("busy"),
+            iowait_s=series("iowait"),
+            idle_s=series("idle"),
+            steal_s=series("steal"),
         )
 
 
@@ -633,6 +832,7 @@ def _frozen(tracked: _Tracked) -> ProcessCpu:
         final_read=tracked.final_read,
         include_children=tracked.include_children,
         threads=threads,
+        cgroup_file=tracked.cgroup_file,
     )
 
 

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +29,10 @@ from virtlab.samples import Sample
 SETUP_WORKLOAD = "environment-setup"
 _MOUNT_TIMEOUT_S = 120.0
 """The pseudo-workload under which the runner stores each environment's own figures."""
+
+
+HostScope = Literal["process", "cgroup", "commands"]
+"""What of an environment runs on this host as virtlab's own: see ``Environment.host_scope``."""
 
 
 class EnvironmentOptions(BaseModel):
@@ -162,15 +166,28 @@ class EnvironmentError_(RuntimeError):
         self.log = log
 
 
+def _ignore(_what: object) -> None:
+    return None
+
+
 @dataclass
 class Environment(ABC):
     name: str
     options: EnvironmentOptions
     workdir: Path
     provision_s: float | None = field(default=None, init=False)
-    say: Callable[[str], None] = field(default=lambda _line: None, init=False, repr=False)
+    # default_factory, not default: a plain function as a class attribute would be bound to the
+    # instance (called with self first) until someone replaced it.
+    say: Callable[[str], None] = field(default_factory=lambda: _ignore, init=False, repr=False)
     """Where a long provisioning step (building the guest image) reports progress; the runner
     points it at its live display."""
+    process_started: Callable[[int], None] = field(default_factory=lambda: _ignore, init=False, repr=False)
+    """Told the pid of each host process of this environment the moment it starts (QEMU, a
+    container's init, each native command): the runner samples its CPU and applies the plan's
+    controls through it. It must not raise."""
+    process_ending: Callable[[int], None] | None = field(default=None, init=False, repr=False)
+    """Where an environment whose commands are host processes (native) says that one has exited,
+    before it is reaped, so its final CPU figures can still be read; None: nobody asks."""
     _provisioned: bool = field(default=False, init=False)
     _nfs_point: str | None = field(default=None, init=False)
 
@@ -182,6 +199,22 @@ class Environment(ABC):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         """Problems visible before anything starts (a tool the workload needs is missing, ...)."""
         return []
+
+    @classmethod
+    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
+        """MiB free in ``directory`` as this environment's commands will see it, known before it is
+        provisioned (``workdir``: where the runner will keep its files), so that a file that cannot
+        fit is refused before the study; None when that cannot be known here (a remote host, a
+        guest image not built yet): the trial finds out."""
+        return None
+
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        """What of this environment runs on this host as virtlab's own, where a plan's controls
+        (``[environment.control]``) act and its CPU is sampled: "process" (one process holds all of
+        it: QEMU), "cgroup" (a cgroup holds it: a container), "commands" (each command is a process
+        of its own: native); or None and the reason (an SSH host runs elsewhere)."""
+        return None, f"a {cls.kind} environment runs no process of virtlab's on this host"
 
     def provision(self, kernels: KernelBuild) -> None:
         started = time.monotonic()

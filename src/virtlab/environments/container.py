@@ -54,6 +54,7 @@ from virtlab.environments._base import (
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    HostScope,
     ProcessCommand,
     register_environment,
 )
@@ -86,7 +87,8 @@ MASKED_PATHS = [
 # Programs a workload may ask for -> the Debian package that brings them, for an image not yet built.
 TOOL_PACKAGES = {"sshd": "openssh-server", "ssh": "openssh-client", "qemu-ga": "qemu-guest-agent",
                  "ip": "iproute2", "ps": "procps", "modprobe": "kmod", "blastn": "ncbi-blast+",
-                 "pgbench": "postgresql-contrib", "psql": "postgresql-client"}  # fmt: skip
+                 "pgbench": "postgresql", "psql": "postgresql", "nginx": "nginx", "fcgiwrap": "fcgiwrap",
+                 "wrk": "wrk", "curl": "curl", "java": "default-jre-headless"}  # fmt: skip
 
 
 class ContainerOptions(EnvironmentOptions):
@@ -146,6 +148,10 @@ class ContainerEnvironment(Environment):
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        return "cgroup", ""
+
+    @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, ContainerOptions)
         problems = []
@@ -162,6 +168,15 @@ class ContainerEnvironment(Environment):
             problems.append(f"memory_mb = {options.memory_mb} exceeds the host's {host_memory // 2**20} MiB")
         problems += _tool_problems(tools)
         return problems
+
+    @classmethod
+    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
+        inside = os.path.normpath(os.path.join(GUEST_SCRATCH, directory))
+        if inside != GUEST_SCRATCH and not inside.startswith(GUEST_SCRATCH + "/"):
+            return None  # the read-only root: the trial says so
+        # /mnt is a directory the runner makes under workdir, on the host's disk.
+        existing = next(p for p in (workdir.absolute(), *workdir.absolute().parents) if p.exists())
+        return shutil.disk_usage(existing).free // 2**20
 
     # -- life cycle ------------------------------------------------------------------------
     @property
@@ -221,6 +236,7 @@ class ContainerEnvironment(Environment):
         self.init_pid = int(pid_file.read_text())
         self.cgroup_paths = _runc_state(self.container_id).get("cgroup_paths") or {}
         self._write_owner()
+        self.process_started(self.init_pid)
 
     def _delete(self) -> None:
         _LIVE.pop(id(self), None)
@@ -674,7 +690,9 @@ def _tool_problems(tools: tuple[str, ...]) -> list[str]:
         return []
     image = built_image()
     if image is not None:
-        missing = [t for t in tools if not any((image.rootfs / d / t).exists() for d in _BIN_DIRS)]
+        # lexists: /usr/bin/java is an absolute symlink (/etc/alternatives/...), meaningful only
+        # inside the tree, which exists() would follow on the host instead.
+        missing = [t for t in tools if not any(os.path.lexists(image.rootfs / d / t) for d in _BIN_DIRS)]
         where = f"the guest image {image.key} ({image.rootfs})"
     else:
         # Before the first build only what is known to come from a package can be checked.

@@ -61,6 +61,7 @@ from virtlab.build import KernelBuild
 from virtlab.environments._base import (
     EnvironmentError_,
     EnvironmentOptions,
+    HostScope,
     register_environment,
 )
 from virtlab.environments.vm import (
@@ -772,6 +773,13 @@ class LibvirtEnvironment(VmEnvironment):
             problems.append("qemu-img is not installed on this host (apt-get install qemu-utils)")
         return problems
 
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        assert isinstance(options, LibvirtOptions)
+        if not is_local(options.uri):
+            return None, f"libvirt at {options.uri} runs QEMU on that host, not on this one"
+        return "process", ""
+
     # -- Environment interface -----------------------------------------------------------
     def _create(self, kernels: KernelBuild) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -956,6 +964,8 @@ class LibvirtEnvironment(VmEnvironment):
         if is_local(self.options.uri):
             self._qemu_pid = _find_qemu(self.domain_name)
             self._details["vcpu_threads"] = _vcpu_threads(self._qemu_pid) if self._qemu_pid else []
+            if self._qemu_pid:
+                self.process_started(self._qemu_pid)
         if self.options.pin is not None:
             self._details["pinned"] = {str(i): cpu for i, cpu in enumerate(self.options.pin)}
 

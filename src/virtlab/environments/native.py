@@ -19,6 +19,7 @@ from virtlab.environments._base import (
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    HostScope,
     ProcessCommand,
     register_environment,
     steal_seconds,
@@ -46,6 +47,14 @@ class NativeEnvironment(Environment):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         return [f"{tool} is not installed on this host" for tool in tools if shutil.which(tool) is None]
 
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        return "commands", ""
+
+    @classmethod
+    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
+        return shutil.disk_usage(directory).free // 2**20  # relative: to where virtlab runs, as the trial
+
     @property
     def bin_dir(self) -> str:
         return self._bin_dir
@@ -54,7 +63,7 @@ class NativeEnvironment(Environment):
         self._bin_dir = str(kernels.bin_dir)
 
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
-        return run_process(argv, timeout_s)
+        return run_process(argv, timeout_s, started=self.process_started, ending=self.process_ending)
 
     def _delete(self) -> None:
         network, attachment = self._network, self._attachment
@@ -74,7 +83,9 @@ class NativeEnvironment(Environment):
 
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
         # A session of its own: stop() signals the command and everything it forked.
-        return ProcessCommand(argv, argv, start_new_session=True)
+        command = ProcessCommand(argv, argv, start_new_session=True)
+        self.process_started(command.process.pid)
+        return command
 
     def network_address(self) -> str | None:
         if self._attachment is None:

@@ -57,6 +57,7 @@ from virtlab.environments._base import (
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    HostScope,
     ProcessCommand,
     register_environment,
 )
@@ -241,6 +242,10 @@ class SshEnvironment(Environment):
     _runs: Iterator[int] = itertools.count(1)
 
     # -- checks before anything runs -------------------------------------------------------
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        return None, "an SSH host's processes run on that host: virtlab has no process of it here"
+
     @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, SshOptions)
@@ -460,6 +465,10 @@ class SshEnvironment(Environment):
                 raise EnvironmentError_(
                     f"ssh {self.target}: compiling kernel {name} on the remote failed{hint}", done.log()
                 )
+        # Java programs are bytecode: this host's jars run on any JRE there, nothing to compile.
+        jars = [str(kernels.path(name)) for name in kernels.kernels if name.endswith(".jar")]
+        if jars:
+            self._scp(["-p", *jars, f"{self._scp_host()}:{self.bin_dir}/"], "copying the Java programs")
         return {
             "build": "remote",
             "compiler": compiler,

@@ -50,14 +50,18 @@ from virtlab.environments._base import (
     Environment,
     EnvironmentError_,
     EnvironmentOptions,
+    HostScope,
     register_environment,
 )
+from virtlab.environments.container import _tool_problems as guest_tool_problems
+from virtlab.environments.container import built_image
 from virtlab.image import (
     GUEST_BIN,
     GuestImage,
     ImageError,
     ImageSpec,
     build_image,
+    default_size_mb,
     guest_cmdline,
     kernel_files,
     make_disk,
@@ -582,7 +586,23 @@ class VmEnvironment(Environment):
             probe = _probe()
             if not probe.kvm_usable:
                 problems.append(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
-        return problems
+        # The guest runs the containers' userland (one image): a workload's tools are looked for there.
+        return problems + guest_tool_problems(tools)
+
+    @classmethod
+    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
+        assert isinstance(options, VmOptions)
+        image = built_image(ImageSpec(kernel_flavour=options.kernel_flavour))
+        if image is None:
+            return None  # the tree's size, hence the room left on the disk, comes with the build
+        # At most the disk less the tree (ext4's own blocks take some more): a file that does not
+        # fit in this cannot fit in the guest.
+        size_mb = options.disk_size_mb or default_size_mb(image)
+        return max(0, size_mb - -(-image.size_bytes // 2**20))
+
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        return "process", ""
 
     # -- Environment interface -----------------------------------------------------------
     @property
@@ -660,6 +680,9 @@ class VmEnvironment(Environment):
         self._stop()
 
     def copy_in(self, source: Path, destination: str) -> None:
+        """``destination`` relative to the guest agent's working directory (/), as commands see it.
+        The file keeps the source's permission bits, as native's and a container's copies do: the
+        agent creates files readable by all (0666), which sshd and ssh refuse for a private key."""
         agent = self._require_agent()
         handle = agent.execute("guest-file-open", {"path": destination, "mode": "w"})
         try:
@@ -671,6 +694,10 @@ class VmEnvironment(Environment):
                         raise EnvironmentError_(f"VM {self.name}: short write to {destination}: {done}")
         finally:
             agent.execute("guest-file-close", {"handle": handle})
+        mode = f"{os.stat(source).st_mode & 0o7777:o}"
+        result = self._guest_exec(["chmod", mode, "--", destination], timeout_s=30)
+        if not result.ok:
+            raise EnvironmentError_(f"VM {self.name}: chmod {mode} {destination} failed", result.log())
 
     def copy_out(self, source: str, destination: Path) -> None:
         agent = self._require_agent()
@@ -852,6 +879,7 @@ class VmEnvironment(Environment):
                 start_new_session=True,
             )  # fmt: skip
         self._write_record()
+        self.process_started(self._process.pid)
         self._qmp = Qmp(f"vm-{self.name}")
         self._qmp.connect(self.workdir / QMP_SOCKET, timeout=30.0, alive=self._qemu_alive)
         version = self._qmp.execute("query-version")

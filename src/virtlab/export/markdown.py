@@ -11,7 +11,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from virtlab.export.iotables import io_tables
 from virtlab.export.tables import Cell, Failure, Table, build_report, note_mark
+from virtlab.export.usage import usage_markdown
 
 _ALWAYS = re.compile(r"([\\`*\[\]<>|~&])")
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
@@ -101,6 +103,15 @@ def _failure(failure: Failure) -> list[str]:
     return parts
 
 
+def _io_sections(results: Mapping[str, Any]) -> list[str]:
+    """The seed-shaped disk, network and file-transfer tables (none when the study has no such
+    workload); their charts are in the HTML report."""
+    parts = []
+    for table in io_tables(results):
+        parts += _section(table)
+    return parts
+
+
 def render_markdown(results: Mapping[str, Any]) -> str:
     """The whole report of ``results`` (format version 1) as Markdown."""
     report = build_report(results)
@@ -108,6 +119,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     parts += _section(report.results, escape(report.legend))
     parts += _section(report.overhead)
     parts += _section(report.verdict)
+    parts += _io_sections(results)
+    parts += usage_markdown(results)  # [study] cpu_sample_interval_s: CPU usage over time
     parts += _section(report.trials, escape(report.trials_legend))
     if report.failures:
         parts.append("## Failures")

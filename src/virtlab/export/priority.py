@@ -20,7 +20,6 @@ from typing import Any
 
 import jinja2
 import matplotlib
-import numpy as np
 from markupsafe import Markup
 from matplotlib.patches import Patch
 
@@ -38,6 +37,7 @@ from virtlab.export.tables import (
     note_mark,
 )
 from virtlab.export.tabular import _write_atomic
+from virtlab.export.usage import HOST_LINE, host_series, usage_series
 
 TIMES = ("real_s", "user_s", "sys_s")
 TIME_WORDS = {"real_s": "real", "user_s": "user", "sys_s": "sys"}
@@ -125,52 +125,6 @@ def default_compare(configurations: Sequence[Mapping[str, Any]]) -> tuple[str, s
 # --------------------------------------------------------------------------
 # CPU usage over time
 # --------------------------------------------------------------------------
-
-
-def cumulative_at(process: Mapping[str, Any], grid: Sequence[float]) -> np.ndarray:
-    """The process's cumulative CPU seconds at each time of ``grid``: 0 at its start, linear between
-    readings (the CPU is assumed even within one interval), flat after its last reading."""
-    times = list(process.get("times_s") or [])
-    totals = list(process.get("cpu_total_s") or [])
-    if not times:
-        return np.zeros(len(grid))
-    started = process.get("started_s")
-    if started is not None and started < times[0]:
-        times, totals = [started, *times], [0.0, *totals]
-        left = 0.0
-    else:
-        left = totals[0]  # no start time: what it used before the first reading shows from then on
-    return np.interp(np.asarray(grid, dtype=float), times, totals, left=left, right=totals[-1])
-
-
-def time_grid(timeline: Mapping[str, Any]) -> list[float]:
-    """Every ``interval_s`` from 0 to the end of the sampling, the end included."""
-    interval = float(timeline.get("interval_s") or 1.0)
-    end = float(timeline.get("duration_s") or 0.0)
-    steps = int(math.floor(end / interval + 1e-9))
-    grid = [round(k * interval, 6) for k in range(steps + 1)]
-    if not grid or grid[-1] < end - 1e-9:
-        grid.append(end)
-    return grid
-
-
-def usage_series(
-    timeline: Mapping[str, Any], names: Sequence[str]
-) -> tuple[list[float], dict[str, list[float]]]:
-    """(interval ends, {name: CPU usage in % of one core over each interval}) on a grid shared by
-    every process, so that the bands can be stacked."""
-    grid = time_grid(timeline)
-    processes = {p["name"]: p for p in timeline.get("processes") or []}
-    spans = np.diff(np.asarray(grid, dtype=float))
-    out: dict[str, list[float]] = {}
-    for name in names:
-        process = processes.get(name)
-        if process is None or len(grid) < 2:
-            out[name] = [0.0] * max(0, len(grid) - 1)
-            continue
-        used = np.diff(cumulative_at(process, grid))
-        out[name] = [round(float(u), 3) for u in np.where(spans > 0, 100.0 * used / spans, 0.0)]
-    return grid[1:], out
 
 
 def phase_spans(process: Mapping[str, Any], end_s: float | None = None) -> list[tuple[str, float, float]]:
@@ -461,6 +415,9 @@ def usage_chart(trial: Mapping[str, Any], host_cpus: int, key: str, title: str) 
         if xs:
             labels = [plain(name) for name in names]
             top.stackplot(xs, *bands, labels=labels, colors=colours, alpha=0.85, lw=0)
+            host = host_series(timeline)
+            if host is not None:  # what the guests leave of the busy host went to other processes
+                top.plot(xs, [v for v in host for _ in (0, 1)], color=_TEXT, lw=0.9, ls="--", label=HOST_LINE)
         top.axhline(100 * host_cpus, color=_TEXT, lw=0.8, ls="--")
         top.annotate(
             f"host: {host_cpus} CPUs", (0, 100 * host_cpus), xytext=(2, 2), textcoords="offset points",
@@ -542,7 +499,11 @@ def render_priority_markdown(results: Mapping[str, Any]) -> str:
         if table.rows:
             parts.append(render_table(table))
     parts.append("## Figures")
-    parts.append("Stacked CPU usage over time, one band per guest: see report.html.")
+    parts.append(
+        "Stacked CPU usage over time, one band per guest: see report.html. Its dashed line is the whole "
+        "host's busy CPU (/proc/stat): the gap between it and the bands went to other processes on the "
+        "host, not to the guests."
+    )
     if report.failures:
         parts.append("## Failures")
         for failure in report.failures:

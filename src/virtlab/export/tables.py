@@ -431,6 +431,8 @@ class _Context:
         for failure in self.failures:
             if failure.get("environment") == env and failure.get("workload") in (None, row.workload):
                 error = _first_line(failure.get("error"))
+                if failure.get("phase") == "unavailable" and error:  # no fault: what the software lacks
+                    return f"{row.workload} in {env}: {error}"
                 return f"{row.workload} failed in {env}" + (f": {error}" if error else "")
         cell = self.cell(env, row)
         if cell is not None:
@@ -606,32 +608,61 @@ def _options_text(options: Any) -> str:
     return ", ".join(f"{k}={_short(v, 40)}" for k, v in options.items())
 
 
+def control_text(record: Any) -> str:
+    """What ``[environment.control]`` did (``manifest["control"]``, see virtlab.control.environment)."""
+    if not isinstance(record, Mapping):
+        return ""
+    spec = ", ".join(f"{k}={_short(v, 24)}" for k, v in (record.get("spec") or {}).items())
+    scope, done = record.get("scope"), ""
+    if scope == "process" and isinstance(record.get("applied"), Mapping):
+        applied = record["applied"]
+        parts = [f"QEMU pid {applied.get('pid')}"]
+        if applied.get("nice"):
+            parts.append(f"nice {applied['nice'].get('nice')} on {applied['nice'].get('threads')} threads")
+        pinned = applied.get("pinned") or {}
+        parts += [f"thread {tid} on CPUs {cpus}" for tid, cpus in list(pinned.items())[:4]]
+        done = "; ".join(parts)
+    elif scope == "cgroup":
+        done = ", ".join(f"{k.rsplit('/', 1)[-1]}={v}" for k, v in (record.get("written") or {}).items())
+    elif scope == "commands":
+        done = f"{record.get('processes', 0)} commands"
+        if record.get("apply_ms"):
+            done += f", applied within {record['apply_ms'].get('max')} ms of their start"
+        if record.get("ended_before_applied"):
+            done += f", {record['ended_before_applied']} ended first"
+    return f"{spec} \u2192 {done}" if done else spec
+
+
 def environments_table(ctx: _Context) -> Table:
     rows = []
+    controlled = any(
+        isinstance((ctx.env_info.get(env) or {}).get("manifest"), Mapping)
+        and "control" in (ctx.env_info.get(env) or {})["manifest"]
+        for env in ctx.envs
+    )
     for env in ctx.envs:
         info = ctx.env_info.get(env) or {}
         status = str(info.get("status") or "unknown")
         error = _first_line(info.get("error"))
         manifest = info.get("manifest")
-        facts = ""
+        facts, control = "", ""
         if isinstance(manifest, Mapping):
-            facts = ", ".join(f"{k}: {_short(v, 48)}" for k, v in list(manifest.items())[:8])
+            shown = [(k, v) for k, v in manifest.items() if k != "control"][:8]
+            facts = ", ".join(f"{k}: {_short(v, 48)}" for k, v in shown)
+            control = control_text(manifest.get("control"))
         name = env + (" (baseline)" if env == ctx.baseline else "")
-        rows.append(
-            (
-                Cell(name, "label"),
-                Cell(str(info.get("kind") or "")),
-                Cell(status + (f": {error}" if error else ""), "ok" if status == "ok" else "bad"),
-                Cell(_options_text(info.get("options"))),
-                Cell(facts),
-            )
-        )
-    return Table(
-        key="environments",
-        title="Environments",
-        header=("name", "kind", "status", "options", "manifest"),
-        rows=tuple(rows),
-    )
+        row = [
+            Cell(name, "label"),
+            Cell(str(info.get("kind") or "")),
+            Cell(status + (f": {error}" if error else ""), "ok" if status == "ok" else "bad"),
+            Cell(_options_text(info.get("options"))),
+            Cell(facts),
+        ]
+        if controlled:  # [environment.control]: priority and placement of its host processes
+            row.append(Cell(control))
+        rows.append(tuple(row))
+    header = ("name", "kind", "status", "options", "manifest") + (("control",) if controlled else ())
+    return Table(key="environments", title="Environments", header=header, rows=tuple(rows))
 
 
 def differences_table(ctx: _Context) -> Table:

@@ -46,6 +46,7 @@ DEFAULT_SOURCE_DATE_EPOCH = 1686355200  # 2023-06-10, Debian 12 "bookworm" relea
 DEFAULT_PACKAGES = (
     "fio", "iperf3", "nuttcp", "sysbench", "hdparm", "openssh-server", "qemu-guest-agent",
     "libgmp10", "libmpfr6", "iproute2", "procps", "kmod", "util-linux", "ncbi-blast+",
+    "default-jre-headless",
 )  # fmt: skip
 # Drivers the initramfs loads: QEMU's virtio devices, the emulated disk and NIC models the studies
 # compare with them, and the root file system's (built into cloud-amd64, modules in amd64; jbd2

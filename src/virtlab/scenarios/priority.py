@@ -503,6 +503,16 @@ class PriorityScenario(Scenario):
                     (f"study.{key}", "a priority study is not a grid of cells",
                      "remove it; [priority] repeat sets the trials of every configuration")
                 )  # fmt: skip
+        if "cpu_sample_interval_s" in study.model_fields_set:
+            problems.append(
+                ("study.cpu_sample_interval_s", "a priority study samples every guest's host process itself",
+                 "remove it; [priority] sample_interval_s sets the interval")
+            )  # fmt: skip
+        if any(env.control is not None for env in environments):
+            problems.append(
+                ("environment.control", "a priority study sets its controls per guest",
+                 "move them to [priority.configuration.control], e.g. 5 = { nice = -20 }")
+            )  # fmt: skip
         if len(environments) != 1 or environments[0].kind not in GUEST_KINDS:
             problems.append(
                 ("environment", "a priority study needs exactly one [[environment]]: the guest template",

@@ -27,18 +27,45 @@ plan, one ``message_bytes`` each, as dd's file sizes are: each size is then its 
 interleaved with the others, reduced over its own trials, and a failing size keeps the others.
 
 Units: Mbps = 10^6 bits per second of payload, as both iperf3 and nuttcp count.
+
+Hooks for workloads whose server is the environment under test (scp into its sshd; later a web
+or database server in it), all optional:
+
+- ``served_by_cell = True`` turns the roles round: the cell runs the server, the peer (default the
+  baseline, i.e. the native side) runs the client, as seed 000 copied files from the host into
+  each environment.
+- ``files(role, slot)``: small files (keys, configuration) the runner places in that side's
+  environment before anything starts: path relative to the environment's working directory ->
+  bytes, written with mode 0600 through ``Environment.copy_in`` after a ``mkdir -p`` of their
+  directories run in it. A relative path means the same place to ``run()`` and ``copy_in()`` in
+  every environment kind: native, where virtlab runs; container, /mnt; VM (and libvirt), the guest
+  agent's working directory (/); SSH host, its remote workdir.
+- ``setup_commands(role, slot)`` run after the files are placed, before the servers start (a
+  failure fails the trial); ``cleanup_commands(role, slot)`` run after the servers stopped, whatever
+  happened (a failure fails an otherwise good trial: a leftover would change the next one).
+- ``client_knows_server = True``: the client is given the server side's working directory
+  (absolute) and user (``ServerPlace``), found by running ``pwd`` and ``id -un`` there: scp names
+  its destination file by an absolute path.
+- ``unavailable(client, servers)``: a failed trial that failed because the environment's software
+  lacks what the workload asks for (a cipher its OpenSSH no longer offers) rather than by a fault:
+  the reason becomes the trial's failure, stored in phase ``unavailable``, so that the report
+  shows it as the reason of a missing figure. ``notices()``: what this host already tells before
+  the study (the runner shows it when a client runs on the native side).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from virtlab.samples import Sample
 from virtlab.workloads._base import Workload, WorkloadParams
+
+if TYPE_CHECKING:  # a workload knows results, not the environments that produce them
+    from virtlab.environments._base import CommandResult
 
 LOOPBACK = "127.0.0.1"
 MAX_PEERS = 16
@@ -49,18 +76,24 @@ SERVER_MARGIN_S = 60
 """A server's own time bound beyond the trial's timeout (``timeout`` around it), for a crash."""
 # Throughput metrics that add up over clients running at once.
 SUMMED = ("throughput_mbps", "sent_mbps", "received_mbps")
+Role = Literal["server", "client"]
 
 
-class PeerParams(WorkloadParams):
+class PairParams(WorkloadParams):
+    """Parameters of every workload with a server side: the environment at the other end."""
+
+    peer: str | None = Field(
+        default=None,
+        description="the environment at the other end of the cell (its server, or its client where "
+        "the cell serves); default the study's baseline (the cell itself: both ends over loopback)",
+    )
+
+
+class PeerParams(PairParams):
     """Parameters of every network workload; see the module doc for who runs what."""
 
     timeout_s: float = Field(
         default=63.0, gt=0, description="a client running longer fails; unless given, duration_s + 60"
-    )
-    peer: str | None = Field(
-        default=None,
-        description="the environment running the server; default the study's baseline (the cell "
-        "itself: both ends over loopback)",
     )
     senders: tuple[str, ...] = Field(
         default=(),
@@ -122,11 +155,25 @@ class Link:
     slot: int = 0
 
 
+@dataclass(frozen=True)
+class ServerPlace:
+    """Where the server side runs, for a client that names files there (``client_knows_server``)."""
+
+    directory: str
+    """The server environment's working directory, absolute."""
+    user: str
+    """The user its commands run as."""
+
+
 class PeerWorkload(Workload):
     """A workload with a server side; the runner starts the servers, runs the clients, stops them."""
 
     Params: ClassVar[type[WorkloadParams]] = PeerParams
-    params: PeerParams
+    params: PairParams
+    served_by_cell: ClassVar[bool] = False
+    """True: the cell runs the server and the peer (default the baseline) the client."""
+    client_knows_server: ClassVar[bool] = False
+    """True: ``client_command`` gets ``server=ServerPlace(...)`` of the server side."""
 
     # -- the programs ------------------------------------------------------------------
     @abstractmethod
@@ -136,7 +183,31 @@ class PeerWorkload(Workload):
 
     @abstractmethod
     def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
-        """One client's command; its output is what ``parse`` reads."""
+        """One client's command; its output is what ``parse`` reads. A workload with
+        ``client_knows_server`` takes ``server: ServerPlace`` besides."""
+
+    # -- what the runner places and runs around the programs (all optional) --------------
+    def files(self, role: Role, slot: int = 0) -> dict[str, bytes]:
+        """Files placed in the ``role`` side's environment before it starts: a path relative to
+        its working directory -> content (mode 0600)."""
+        return {}
+
+    def setup_commands(self, role: Role, slot: int = 0) -> list[list[str]]:
+        """Commands run on the ``role`` side after its files are placed, before any server starts."""
+        return []
+
+    def cleanup_commands(self, role: Role, slot: int = 0) -> list[list[str]]:
+        """Commands run on the ``role`` side after the servers stopped, whatever happened."""
+        return []
+
+    def unavailable(self, client: CommandResult, servers: list[CommandResult]) -> str | None:
+        """Why a failed trial could not measure anything because the software of an environment
+        does not offer what the workload asks for (not a fault); None for any other failure."""
+        return None
+
+    def notices(self) -> list[str]:
+        """What this host's own tools tell before the study, for a client that runs on it."""
+        return []
 
     def command(self, bin_dir: str) -> list[str]:
         """The client against a server on the same machine (what the runner does not call: it
@@ -156,25 +227,33 @@ class PeerWorkload(Workload):
     def peer_names(self) -> tuple[str, ...]:
         """Every environment the parameters name (the plan must have them)."""
         p = self.params
-        return (*([p.peer] if p.peer else []), *p.senders, *p.receivers)
+        return (*([p.peer] if p.peer else []), *self._senders(), *self._receivers())
 
     def runs_in(self, environment: str) -> bool:
         """Whether ``environment`` is a cell of this workload: not when it is one of its senders or
         receivers (a peer of every cell)."""
-        return environment not in (*self.params.senders, *self.params.receivers)
+        return environment not in (*self._senders(), *self._receivers())
 
     def links(self, cell: str, baseline: str) -> list[Link]:
         """Who runs a client against whom when the trial is measured in ``cell``."""
-        p = self.params
-        if p.senders:
-            return [Link(sender, cell, slot) for slot, sender in enumerate(p.senders)]
-        if p.receivers:
-            return [Link(cell, receiver, slot) for slot, receiver in enumerate(p.receivers)]
-        return [Link(cell, p.peer or baseline)]
+        senders, receivers = self._senders(), self._receivers()
+        if senders:
+            return [Link(sender, cell, slot) for slot, sender in enumerate(senders)]
+        if receivers:
+            return [Link(cell, receiver, slot) for slot, receiver in enumerate(receivers)]
+        other = self.params.peer or baseline
+        return [Link(other, cell)] if self.served_by_cell else [Link(cell, other)]
+
+    def _senders(self) -> tuple[str, ...]:
+        return getattr(self.params, "senders", ())
+
+    def _receivers(self) -> tuple[str, ...]:
+        return getattr(self.params, "receivers", ())
 
     def describe_setting(self) -> dict[str, Any]:
         """The parameters every sample of a trial carries."""
         p = self.params
+        assert isinstance(p, PeerParams)
         return {"direction": p.direction, "streams": p.streams, "message_bytes": p.message_bytes,
                 "duration_s": p.duration_s}  # fmt: skip
 

@@ -1,0 +1,272 @@
+"""Disk and network tools through virtlab against the same tool run by hand, same arguments, same run.
+
+For each tool, ``--rounds`` alternating rounds: a one-trial virtlab study on the native environment
+(the whole runner: the host's page cache dropped before a disk trial, the diskio kernel around dd
+and fio, the servers of a network workload started and stopped, the output parsed and stored),
+then the tool by hand with the arguments virtlab gives it (checked against the workload's own
+command line, so the two cannot drift apart) and the same preparation (sync and drop the page
+cache before a disk run). Figures are the tool's own (fio's bandwidth, dd's rate, iperf3's and
+nuttcp's receiver rate); the best of each side is reported, as the other benches do, with the ratio
+virtlab / by hand (target: at least 0.97), and the median of the rounds' own ratios beside it.
+
+Run alone (``python bench/io_bench.py``) it rewrites only its own part of bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from virtlab.build import build_kernels
+from virtlab.hostcache import drop_host_caches
+from virtlab.metadata import collect_host_metadata
+from virtlab.plan import parse_plan
+from virtlab.progress import SilentProgress
+from virtlab.runner import StudyRunner, open_study, preflight
+
+BENCH_README = Path(__file__).with_name("README.md")
+MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
+IO_BEGIN, IO_END = "<!-- io:begin -->", "<!-- io:end -->"
+TARGET = 0.97
+LOOPBACK = "127.0.0.1"
+
+PLAN = """
+[study]
+name = "io-bench"
+trials = 1
+warmups = 0
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[workload]]
+name = "w"
+{workload}
+"""
+
+
+def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
+    """One trial of a one-workload study on the native environment: metric -> figure."""
+    plan = parse_plan(PLAN.format(workload=workload_toml), "io-bench")
+    out = Path(tempfile.mkdtemp(dir=scratch, prefix="study-"))
+    store = open_study(plan, out / "out", resume=False)
+    try:
+        outcome = StudyRunner(plan, out / "out", store, preflight(plan), SilentProgress()).run()
+    finally:
+        store.close()
+    results = json.loads((out / "out" / "results.json").read_text())
+    if outcome.exit_code != 0:
+        raise RuntimeError(f"virtlab's trial failed: {results['failures']}")
+    return {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
+
+
+def workload_of(workload_toml: str):
+    return parse_plan(PLAN.format(workload=workload_toml), "io-bench").workloads[0].workload
+
+
+# --------------------------------------------------------------------------
+# by hand
+# --------------------------------------------------------------------------
+
+
+def fio_by_hand(workload, directory: Path) -> dict[str, float]:
+    """fio with virtlab's arguments (what follows ``--`` in the diskio command, with the
+    ``--direct=1`` diskio puts first) in a fresh directory, after sync and a page-cache drop."""
+    argv = workload.command("/unused")
+    fio = argv[argv.index("--") + 1 :]
+    fio = [fio[0], "--direct=1", *fio[1:]]
+    with tempfile.TemporaryDirectory(dir=directory) as work:
+        drop_host_caches()
+        done = subprocess.run(fio, cwd=work, capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    return {
+        f"{job['jobname']}": job[job["jobname"].rsplit("-", 1)[-1]]["bw_bytes"] / 1e6
+        for job in report["jobs"]
+    }
+
+
+_DD_RATE = re.compile(r"(\d+) bytes .* copied, ([\d.]+) s")
+
+
+def dd_by_hand(workload, directory: Path) -> dict[str, float]:
+    """dd as the diskio kernel runs it: write with fdatasync and O_DIRECT, read back with O_DIRECT
+    (the page cache dropped before the write, as diskio does)."""
+    p = workload.params
+    count = p.size_mb * 1024 // p.block_kb
+    common = [f"bs={p.block_kb}K", f"count={count}"]
+    rates = {}
+    with tempfile.TemporaryDirectory(dir=directory) as work:
+        drop_host_caches()
+        for phase, argv in (
+            ("write", ["dd", "if=/dev/zero", "of=dd.dat", *common, "conv=fdatasync", "oflag=direct"]),
+            ("read", ["dd", "if=dd.dat", "of=/dev/null", *common, "iflag=direct"]),
+        ):
+            done = subprocess.run(argv, cwd=work, capture_output=True, text=True, check=True,
+                                  env={**os.environ, "LC_ALL": "C"})  # fmt: skip
+            size, seconds = _DD_RATE.search(done.stderr).groups()
+            rates[f"{phase}_mbs"] = int(size) / float(seconds) / 1e6
+    return rates
+
+
+def served(server: list[str], client: list[str], wait_s: float = 10.0) -> str:
+    """Start ``server``, run ``client`` until it connects, stop the server; the client's output."""
+    with subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as process:
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                done = subprocess.run(client, capture_output=True, text=True, timeout=120)
+                refused = "Connection refused" in done.stdout + done.stderr
+                if not refused or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    return done.stdout
+
+
+def unbounded(argv: list[str]) -> list[str]:
+    """virtlab wraps a server in ``timeout --foreground Ns`` (a bound should it crash): the tool's own
+    arguments are what follows."""
+    return argv[3:] if argv[:2] == ["timeout", "--foreground"] else argv
+
+
+def iperf3_by_hand(workload) -> dict[str, float]:
+    p = workload.params
+    server = ["iperf3", "--server", "--one-off", "--json", "--port", "15201", "--bind", LOOPBACK]
+    client = ["iperf3", "--client", LOOPBACK, "--port", "15201", "--time", str(p.duration_s),
+              "--length", str(p.message_bytes), "--parallel", str(p.streams), "--json"]  # fmt: skip
+    assert [server] == [unbounded(a) for a in workload.server_commands("/unused", 0, bind=LOOPBACK)]
+    assert client == workload.client_command("/unused", LOOPBACK)
+    report = json.loads(served(server, client))
+    return {"throughput_mbps": report["end"]["sum_received"]["bits_per_second"] / 1e6}
+
+
+def nuttcp_by_hand(workload) -> dict[str, float]:
+    p = workload.params
+    server = ["nuttcp", "-S", "--nofork", "-4", "-P16000"]
+    client = ["nuttcp", "-fparse", "-Itx", "-t", "-P16000", "-p16001", f"-T{p.duration_s}",
+              f"-l{p.message_bytes}", LOOPBACK]  # fmt: skip
+    assert [server] == [unbounded(a) for a in workload.server_commands("/unused", 0, bind=LOOPBACK)]
+    assert client == workload.client_command("/unused", LOOPBACK)
+    rate = re.search(r"rate_Mbps=([\d.]+)", served(server, client))
+    return {"throughput_mbps": float(rate.group(1))}
+
+
+# --------------------------------------------------------------------------
+# the comparisons
+# --------------------------------------------------------------------------
+
+
+def compare(
+    rounds: int,
+    workload_toml: str,
+    by_hand: Callable[[Any], dict[str, float]],
+    figures: list[tuple[str, str, str]],
+    scratch: Path,
+) -> list[tuple[str, list[float], list[float]]]:
+    """(label, figures through virtlab, figures by hand, round by round) of each (label, virtlab
+    metric, by-hand key)."""
+    workload = workload_of(workload_toml)
+    ours: dict[str, list[float]] = {}
+    theirs: dict[str, list[float]] = {}
+    for index in range(rounds):
+        sides = [(ours, lambda: through_virtlab(workload_toml, scratch)), (theirs, lambda: by_hand(workload))]
+        # Who goes first alternates, so that neither side always follows the other's writeback.
+        for side, measure in sides if index % 2 == 0 else reversed(sides):
+            for key, value in measure().items():
+                side.setdefault(key, []).append(value)
+    return [(label, ours[metric], theirs[key]) for label, metric, key in figures]
+
+
+def io_rows(rounds: int, scratch: Path) -> list[tuple[str, str, list[float], list[float]]]:
+    directory = scratch
+    place = f'directory = "{directory}"'
+    fio = f'kind = "fio"\npattern = "sequential"\niodepths = [8]\nsize_mb = 256\nruntime_s = 5\n{place}'
+    dd = f'kind = "dd"\nsize_mb = 512\nmode = "write-read"\n{place}'
+    iperf3 = 'kind = "iperf3"\nduration_s = 5'
+    nuttcp = 'kind = "nuttcp"\nduration_s = 5'
+    rows = []
+    for tool, toml, hand, figures, unit in (
+        ("fio sequential 64 KiB, QD 8", fio, lambda w: fio_by_hand(w, directory),
+         [("write pass", "sequential_qd8_write_mbs", "sequential-qd8-write"),
+          ("read pass", "sequential_qd8_read_mbs", "sequential-qd8-read")], "MB/s"),
+        ("dd 512 MiB, 1 MiB blocks, O_DIRECT", dd, lambda w: dd_by_hand(w, directory),
+         [("write", "write_mbs", "write_mbs"), ("read", "read_mbs", "read_mbs")], "MB/s"),
+        ("iperf3 loopback, 1 stream, 64 KiB, 5 s", iperf3, iperf3_by_hand,
+         [("send", "throughput_mbps", "throughput_mbps")], "Mbps"),
+        ("nuttcp loopback, 1 stream, 64 KiB, 5 s", nuttcp, nuttcp_by_hand,
+         [("send", "throughput_mbps", "throughput_mbps")], "Mbps"),
+    ):  # fmt: skip
+        for label, ours, theirs in compare(rounds, toml, hand, figures, scratch):
+            rows.append((f"{tool}: {label}", unit, ours, theirs))
+    return rows
+
+
+def io_table(rounds: int = 5) -> str:
+    build_kernels()
+    with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix=".io-bench-") as scratch:
+        rows = io_rows(rounds, Path(scratch))
+    lines = [
+        f"{rounds} rounds, each a one-trial virtlab study and the tool by hand with the same arguments "
+        "(which goes first alternates), native, on the file system of the directory the bench runs in "
+        "and over loopback. The ratio of the best figures of each side is judged against the target "
+        f"(at least {TARGET}); the median of the rounds' own ratios shows how noisy the pairing is.",
+        "",
+        "| tool: figure | unit | through virtlab (best) | by hand (best) | ratio | median ratio | target |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, unit, ours, theirs in rows:
+        ratio = max(ours) / max(theirs)
+        paired = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+        met = "met" if ratio >= TARGET else "not met"
+        best = f"{max(ours):,.1f} | {max(theirs):,.1f}"
+        lines.append(f"| {name} | {unit} | {best} | {ratio:.3f} | {paired:.3f} | {met} |")
+    return "\n".join(lines)
+
+
+def section(rounds: int, stamp: str = "") -> str:
+    """The part of bench/README.md this bench owns, between its own markers."""
+    lead = f"{stamp} " if stamp else ""
+    heading = "### Disk and network tools: through virtlab vs by hand"
+    return f"{IO_BEGIN}\n{heading}\n\n{lead}{io_table(rounds)}\n{IO_END}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("io_bench: run as root (the page cache is dropped before each disk run, as virtlab does)")
+    host = collect_host_metadata()
+    stamp = (
+        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {host.get('cpu_model')} "
+        f"({host.get('cores')} cores, kernel {platform.release()})."
+    )
+    part = section(args.rounds, stamp)
+    text = BENCH_README.read_text()
+    if IO_BEGIN in text:
+        start, end = text.index(IO_BEGIN), text.index(IO_END) + len(IO_END)
+        text = text[:start] + part + text[end:]
+    else:
+        end = text.index(MARK_END)
+        text = text[:end] + part + "\n\n" + text[end:]
+    BENCH_README.write_text(text)
+    print(part)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,447 @@
+"""Seed-shaped tables of the disk, network and file-transfer workloads, from a results dict alone.
+
+Seed 000 shows nuttcp in Tables 9 (1 stream) and 10 (10 streams) as rows of directions (both ways
+sent, both ways received, send only, receive only) by columns of environments, dd in Table 12,
+hdparm in 13, IOR's write and read in 14, the ○/× of those against bare metal in 15 and scp per
+cipher in 16; seed 003's Table 1 is fio's large-block read latency per environment. The tables
+here have those shapes, built generically: the workloads of one kind are grouped, a row is one
+workload's figure, labelled by the parameters that tell it from the other workloads of its kind
+(``size_mb``, ``message_bytes``, ``cipher``, ``directory`` ...), so that a plan with more sizes or
+other storage gets more rows and a plan without a kind gets no table for it.
+
+How a figure was measured is said in footnotes from the cell's ``context`` (the sample metadata
+every trial agrees on): how the page cache was kept out, the file system, loopback vs network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from virtlab import stats
+from virtlab.export.tables import (
+    Cell,
+    Row,
+    Table,
+    _Context,
+    _Notes,
+    cell_ci,
+    cell_value,
+    format_value,
+)
+
+NETWORK_KINDS = ("nuttcp", "iperf3")
+DIRECTION_ROWS = (
+    ("bidirectional", "sent_mbps", "both ways at once, sent"),
+    ("bidirectional", "received_mbps", "both ways at once, received"),
+    ("send", "throughput_mbps", "send only"),
+    ("receive", "throughput_mbps", "receive only"),
+)
+DISK_RATES = {
+    "dd": (("write_mbs", "write"), ("read_mbs", "read")),
+    "hdparm": (("read_mbs", "buffered read"),),
+    "ior": (("write_mbs", "Write"), ("read_mbs", "Read")),
+}
+LATENCY_ROWS = (("lat_mean_ms", "mean latency"), ("lat_max_ms", "maximum latency"))
+TRANSFER_WORDS = {"overall_mbs": "overall", "at_50pct_mbs": "at 50% of the transfer"}
+CACHE_WORDS = {
+    "direct": "O_DIRECT: the page cache bypassed",
+    "fdatasync": "buffered, flushed with fdatasync inside the timing",
+    "fsync": "buffered, fsync at the end inside the timing",
+    "dropped": "the page cache dropped before the read (drop_caches)",
+    "fadvise": "the file's pages dropped before the read (POSIX_FADV_DONTNEED: drop_caches is "
+    "read-only here)",
+    "not-defeated": "the page cache was NOT kept out (memory-backed storage, or a read-back served "
+    "from the cache)",
+}
+# Parameters that never tell two workloads apart for a reader: they follow the others.
+_IGNORED_PARAMS = ("timeout_s",)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One row of a seed-shaped table: its label and the (workload, metric) it shows."""
+
+    label: str
+    workload: str
+    metric: str
+
+
+# --------------------------------------------------------------------------
+# grouping the workloads
+# --------------------------------------------------------------------------
+
+
+def workloads_of(results: Mapping[str, Any], kinds: Iterable[str]) -> list[Mapping[str, Any]]:
+    """The planned workloads of these kinds, in plan order."""
+    wanted = set(kinds)
+    return [w for w in results.get("workloads") or [] if w.get("kind") in wanted]
+
+
+def varying_params(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The parameters whose values differ between ``workloads``, in the order the first names them."""
+    keys: list[str] = []
+    for workload in workloads:
+        for key in workload.get("params") or {}:
+            if key not in keys and key not in _IGNORED_PARAMS:
+                keys.append(key)
+    values = [workload.get("params") or {} for workload in workloads]
+    return [key for key in keys if len({_hashable(p.get(key)) for p in values}) > 1]
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def format_bytes(n: Any) -> str:
+    """A message size as seed 001 writes its block sizes: 64 B, 1 KiB, 64 KiB."""
+    if not isinstance(n, int) or n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:g} KiB"
+
+
+_PARAM_TEXT: dict[str, Callable[[Any], str]] = {
+    "size_mb": lambda v: f"{v} MiB",
+    "file_mb": lambda v: f"{v} MiB file",
+    "block_mb": lambda v: f"{v} MiB blocks",
+    "block_kb": lambda v: f"{v} KiB blocks",
+    "transfer_kb": lambda v: f"{v} KiB transfers",
+    "message_bytes": format_bytes,
+    "streams": lambda v: f"{v} stream{'s' if v != 1 else ''}",
+    "direction": lambda v: {"send": "send only", "receive": "receive only"}.get(v, str(v)),
+    "cipher": str,
+    "directory": lambda v: f"in {v}",
+    "peer": lambda v: f"peer {v}",
+    "storage": lambda v: {"local": "local storage", "nfs": "on NFS"}.get(v, f"storage {v}"),
+}
+
+
+def param_text(key: str, value: Any) -> str:
+    """A parameter's value as a row label reads it."""
+    if isinstance(value, bool):
+        return key if value else f"no {key}"
+    if isinstance(value, list):
+        value = ", ".join(str(v) for v in value)
+    return _PARAM_TEXT.get(key, lambda v: f"{key} {v}")(value)
+
+
+def workload_label(workload: Mapping[str, Any], varying: Sequence[str], group_size: int) -> str:
+    """What tells this workload from the others of its group; its name when nothing does."""
+    params = workload.get("params") or {}
+    parts = [param_text(key, params[key]) for key in varying if _said(params.get(key))]
+    return ", ".join(parts) if parts and group_size > 1 else str(workload.get("name"))
+
+
+def _said(value: Any) -> bool:
+    """Whether a parameter's value is worth a word: unset (the default peer) and empty lists are not."""
+    return value is not None and value != [] and value != ()
+
+
+# --------------------------------------------------------------------------
+# one table
+# --------------------------------------------------------------------------
+
+
+def _context(cell: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    context = (cell or {}).get("context")
+    return context if isinstance(context, Mapping) else {}
+
+
+def how_measured(cell: Mapping[str, Any] | None, env: str) -> str:
+    """A footnote saying how a figure was measured in ``env``, from its cell's context ("" for none)."""
+    context = _context(cell)
+    facts = []
+    if isinstance(context.get("fs"), str):
+        facts.append(f"on {context['fs']}")
+    if isinstance(context.get("cache"), str):
+        facts.append(CACHE_WORDS.get(context["cache"], context["cache"]))
+    if isinstance(context.get("device"), str):
+        facts.append(f"read {context['device']}")
+    if context.get("path") == "loopback":
+        facts.append(f"client and server both in {env}, over loopback (no virtual NIC on the way)")
+    return f"{env}: {'; '.join(facts)}" if facts else ""
+
+
+def figure_table(
+    ctx: _Context,
+    key: str,
+    title: str,
+    caption: str,
+    lines: Sequence[Line],
+    header: str,
+    absent: Callable[[str, Line], str | None] | None = None,
+) -> Table:
+    """Rows = ``lines``, columns = environments; a figure ± its 95% CI half-width, footnotes for how
+    it was measured and why one is missing (``absent`` may give a reason of its own)."""
+    notes = _Notes()
+    rows = []
+    for line in lines:
+        row = _row(ctx, line)
+        cells = [Cell(line.label, "label")]
+        for env in ctx.envs:
+            cell = ctx.cell(env, row)
+            value = cell_value(cell, ctx.reduction)
+            if cell is None or value is None:
+                reason = absent(env, line) if absent else None
+                cells.append(notes.missing(reason or ctx.why_missing(env, row)))
+                continue
+            ci = cell_ci(cell, ctx.reduction)
+            facts = how_measured(cell, env)
+            mark = notes.add(facts) if facts else None
+            cells.append(Cell(format_value(value, (ci[1] - ci[0]) / 2 if ci else None), "num", mark))
+        rows.append(tuple(cells))
+    return Table(
+        key=key,
+        title=title,
+        header=(header, *ctx.envs),
+        rows=tuple(rows),
+        caption=caption,
+        notes=tuple(notes.texts),
+    )
+
+
+def _row(ctx: _Context, line: Line) -> Row:
+    cell = next((c for (_, w, m), c in ctx.cells.items() if w == line.workload and m == line.metric), None)
+    unit = str((cell or {}).get("unit") or "")
+    better = str((cell or {}).get("better") or "higher")
+    return Row(workload=line.workload, metric=line.metric, unit=unit, better=better)
+
+
+# --------------------------------------------------------------------------
+# the seeds' tables
+# --------------------------------------------------------------------------
+
+
+def network_tables(ctx: _Context) -> list[Table]:
+    """Seed 000 Tables 9 and 10: one table per tool and stream count, rows the directions."""
+    tables = []
+    for kind in NETWORK_KINDS:
+        pairs = [w for w in workloads_of(ctx.results, [kind]) if not _group_of(w)]
+        for streams in sorted({(w.get("params") or {}).get("streams", 1) for w in pairs}):
+            group = [w for w in pairs if (w.get("params") or {}).get("streams", 1) == streams]
+            varying = [k for k in varying_params(group) if k not in ("direction", "streams")]
+            lines = []
+            for direction, metric, words in DIRECTION_ROWS:
+                for workload in sorted(
+                    (w for w in group if (w.get("params") or {}).get("direction", "send") == direction),
+                    key=lambda w: _sort_key(w, varying),
+                ):
+                    extra = workload_label(workload, varying, len(group)) if varying else ""
+                    label = f"{words}, {extra}" if extra else words
+                    lines.append(Line(label, str(workload.get("name")), metric))
+            if not lines:
+                continue
+            seed = {1: " (seed 000 Table 9)", 10: " (seed 000 Table 10)"}.get(streams, "")
+            tables.append(
+                figure_table(
+                    ctx,
+                    f"io-{kind}-{streams}-streams",
+                    f"{kind}, {param_text('streams', streams)}, Mbps{seed}",
+                    f"TCP payload received, Mbps (10^6 bit/s), as seen from the environment in the "
+                    f"column: send = it sends to its peer, receive = the peer sends to it. "
+                    f"{_reduction(ctx)}",
+                    lines,
+                    "direction",
+                )
+            )
+    return tables
+
+
+def aggregate_table(ctx: _Context) -> Table | None:
+    """Seed 001's N VMs sending into one at once (and one into N): the sum, per receiving cell."""
+    group = [w for w in workloads_of(ctx.results, NETWORK_KINDS) if _group_of(w)]
+    lines = []
+    for workload in group:
+        params = workload.get("params") or {}
+        names = ", ".join(_group_of(workload))
+        count = len(_group_of(workload))
+        what = (
+            f"{count} senders into it ({names})"
+            if params.get("senders")
+            else f"it into {count} receivers ({names})"
+        )
+        lines.append(Line(f"{workload.get('kind')}: {what}", str(workload.get("name")), "throughput_mbps"))
+    if not lines:
+        return None
+    by_name = {str(w.get("name")): w for w in group}
+
+    def absent(env: str, line: Line) -> str | None:
+        if env in _group_of(by_name[line.workload]):
+            return f"{env} is one of this workload's peers, not a cell of it"
+        return None
+
+    return figure_table(
+        ctx,
+        "io-aggregate",
+        "Several senders at once, Mbps (seed 001: 4 VMs into 1)",
+        "The sum of what every client's transfer delivered, all running at once. " + _reduction(ctx),
+        lines,
+        "transfer",
+        absent,
+    )
+
+
+def _group_of(workload: Mapping[str, Any]) -> list[str]:
+    params = workload.get("params") or {}
+    return [str(n) for n in (params.get("senders") or params.get("receivers") or [])]
+
+
+def disk_tables(ctx: _Context) -> list[Table]:
+    """Seed 000 Tables 12 (dd), 13 (hdparm) and 14 (IOR)."""
+    titles = {
+        "dd": ("dd, MB/s (seed 000 Table 12; seed 003 Figure 1)", "file"),
+        "hdparm": ("hdparm -t, MB/s (seed 000 Table 13)", "read"),
+        "ior": ("IOR-style write and read, MB/s (seed 000 Table 14)", "pass"),
+    }
+    tables = []
+    for kind, metrics in DISK_RATES.items():
+        lines = _kind_lines(ctx, kind, metrics)
+        if not lines:
+            continue
+        title, header = titles[kind]
+        tables.append(
+            figure_table(
+                ctx,
+                f"io-{kind}",
+                title,
+                "MB/s = 10^6 bytes per second; the footnotes say how the page cache was kept out in each "
+                f"environment. {_reduction(ctx)}",
+                lines,
+                header,
+            )
+        )
+    return tables
+
+
+def _kind_lines(ctx: _Context, kind: str, metrics: Sequence[tuple[str, str]]) -> list[Line]:
+    group = workloads_of(ctx.results, [kind])
+    varying = varying_params(group)
+    lines = []
+    for workload in sorted(group, key=lambda w: _sort_key(w, varying)):
+        label = workload_label(workload, varying, len(group))
+        for metric, words in metrics:
+            text = f"{label} \u00b7 {words}" if len(group) > 1 else words
+            lines.append(Line(text, str(workload["name"]), metric))
+    return lines
+
+
+def disk_verdict_table(ctx: _Context) -> Table | None:
+    """Seed 000 Table 15: ○ within the threshold of the baseline's disk figure, × otherwise."""
+    if not ctx.others:
+        return None
+    lines = [line for kind, metrics in DISK_RATES.items() for line in _kind_lines(ctx, kind, metrics)]
+    lines = [Line(f"{_kind_word(ctx, x.workload)} {x.label}", x.workload, x.metric) for x in lines]
+    if not lines:
+        return None
+    notes = _Notes()
+    rows = []
+    for line in lines:
+        cells = [Cell(line.label, "label")]
+        for env in ctx.others:
+            overhead, reason = ctx.overhead(env, _row(ctx, line))
+            if overhead is None:
+                cells.append(notes.missing(reason or "unknown"))
+                continue
+            mark = stats.verdict(overhead, ctx.threshold)
+            cells.append(Cell(mark or "", "ok" if mark == stats.MARK_OK else "bad"))
+        rows.append(tuple(cells))
+    pct = f"{ctx.threshold:g}"
+    return Table(
+        key="io-disk-verdict",
+        title=f"Disk against {ctx.baseline} (seed 000 Table 15)",
+        header=("benchmark", *ctx.others),
+        rows=tuple(rows),
+        caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}'s figure, {stats.MARK_BAD} = {pct}% or "
+        "more away in either direction.",
+        notes=tuple(notes.texts),
+    )
+
+
+def _kind_word(ctx: _Context, workload: str) -> str:
+    kind = next((w.get("kind") for w in ctx.results.get("workloads") or [] if w.get("name") == workload), "")
+    return {"dd": "dd", "hdparm": "hdparm", "ior": "IOR"}.get(str(kind), str(kind))
+
+
+def latency_table(ctx: _Context) -> Table | None:
+    """Seed 003 Table 1: fio's large-block read latency, mean and maximum, per environment; one pair of
+    rows per storage (workloads differing in ``directory`` or any other parameter)."""
+    lines = _kind_lines(ctx, "fio_latency", LATENCY_ROWS)
+    if not lines:
+        return None
+    return figure_table(
+        ctx,
+        "io-fio-latency",
+        "Large-block read latency, ms (seed 003 Table 1)",
+        "fio reading its file in large blocks with the cache kept out, ms per block: the mean over every "
+        "read of a trial and the largest; the footnotes name the file system (local or NFS). "
+        + _reduction(ctx),
+        lines,
+        "latency",
+    )
+
+
+def transfer_tables(ctx: _Context) -> list[Table]:
+    """Seed 000 Table 16: scp per cipher; generically, a row per workload of the kind (labelled by
+    the parameter that differs between them, the cipher) and metric."""
+    group = workloads_of(ctx.results, ["scp"])
+    varying = varying_params(group)
+    metrics: list[tuple[str, str]] = []
+    for (_, workload, metric), _cell in ctx.cells.items():
+        if any(w.get("name") == workload for w in group) and metric not in [m for m, _ in metrics]:
+            metrics.append((metric, TRANSFER_WORDS.get(metric, metric)))
+    lines = []
+    for workload in sorted(group, key=lambda w: _sort_key(w, varying)):
+        label = workload_label(workload, varying, len(group))
+        # Without any figure (every trial failed) a row still says why.
+        for metric, words in metrics or [("", "")]:
+            text = f"{label} \u00b7 {words}" if len(metrics) > 1 else label
+            lines.append(Line(text, str(workload["name"]), metric))
+    if not lines:
+        return []
+    names = {str(w.get("name")) for w in group}
+    unit = next((c.get("unit") for (_, w, _m), c in ctx.cells.items() if w in names), "")
+    return [
+        figure_table(
+            ctx,
+            "io-scp",
+            f"scp, {unit} (seed 000 Table 16)",
+            "One large file copied from the native side into each environment's sshd, once per cipher: "
+            "MB/s over the whole transfer and scp's own rate at 50% of it (the seed's figure). "
+            + _reduction(ctx),
+            lines,
+            ", ".join(varying) or "workload",
+        )
+    ]
+
+
+def _sort_key(workload: Mapping[str, Any], varying: Sequence[str]) -> tuple:
+    """Unset first (the default peer), then numbers in their order (64 B before 1 KiB), then the rest
+    in plan order (the sort is stable)."""
+    params = workload.get("params") or {}
+    return tuple(
+        (1, params[key], "")
+        if isinstance(params.get(key), int | float)
+        else (0, 0, "")
+        if not _said(params.get(key))
+        else (2, 0, "")
+        for key in varying
+    )
+
+
+def _reduction(ctx: _Context) -> str:
+    trials = ctx.study.get("trials")
+    of = f" of {trials} trial{'s' if trials != 1 else ''}" if trials else ""
+    return f"Each figure: {ctx.reduction}{of} \u00b1 half-width of the 95% confidence interval of the mean."
+
+
+def io_tables(results: Mapping[str, Any]) -> list[Table]:
+    """Every seed-shaped table the study's workloads call for, in the seeds' order; none without them."""
+    ctx = _Context(results)
+    tables: list[Table] = [*network_tables(ctx)]
+    tables += [t for t in (aggregate_table(ctx),) if t is not None]
+    tables += disk_tables(ctx)
+    tables += [t for t in (disk_verdict_table(ctx),) if t is not None]
+    tables += transfer_tables(ctx)
+    tables += [t for t in (latency_table(ctx),) if t is not None]
+    return tables
