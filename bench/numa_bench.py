@@ -1,7 +1,8 @@
-"""NUMA layout: optimizer decision time, simulator throughput at datacenter size, and the seed paper's
-case studies next to the paper's figures.
+"""NUMA layout: optimizer decision time, simulator throughput at datacenter size, the seed paper's
+case studies next to the paper's figures, and the live mechanism's timeline (real localhost live
+migrations of a TCG guest in each mode).
 
-    python bench/numa_bench.py [--runs 200] [--migrations 1000] [--write numa.md] [--quick]
+    python bench/numa_bench.py [--runs 200] [--migrations 1000] [--live 3] [--write numa.md] [--quick]
 
 Prints markdown tables; ``--write`` also writes them to a file. Nothing here asserts: targets (decision
 under 10 ms for 8 nodes x 64 VMs, 1,000 hosts under 10 s) are reported next to the figures.
@@ -10,9 +11,12 @@ under 10 ms for 8 nodes x 64 VMs, 1,000 hosts under 10 s) are reported next to t
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,7 +91,92 @@ def datacenter(migrations: int, hosts: int, seed: int) -> list[tuple[str, object
     ]
 
 
-def tables(runs: int, migrations: int, hosts: int, seed: int) -> str:
+LIVE_MODES = (("simple", None), ("reactive", {"then": "simple", "window_s": 1.0}), ("default", None))
+
+
+def live_mechanism(rounds: int) -> list[str]:
+    """One idle 2-vCPU, 256 MiB TCG guest migrated onward ``rounds`` times in each mode; the medians
+    of the steps of its timeline."""
+    if os.geteuid() != 0 or shutil.which("qemu-system-x86_64") is None:
+        return ["Not measured: needs root (the guest image) and qemu-system-x86_64."]
+    from virtlab.build import build_kernels
+    from virtlab.environments.vm import VmOptions
+    from virtlab.numa.live import LiveVm, prepare_guests
+    from virtlab.numa.migration import Optimizer, migrate
+    from virtlab.numa.monitor import Monitor
+
+    setup = prepare_guests(VmOptions(vcpus=2, memory_mb=256, accel="tcg"), build_kernels())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="numa-bench-") as workdir:
+        vm = LiveVm("bench", setup, Path(workdir))
+        try:
+            vm.boot()
+            for policy, params in LIVE_MODES:
+                steps: dict[str, list[float]] = {}
+                for _ in range(rounds):
+                    monitor = Monitor(["numa_maps", "cpus"], interval_s=0.25)
+                    monitor.register("bench", vm.pid, vm.vcpu_threads(), vm.memory_bytes)
+                    monitor.sample_once()
+                    optimizer = Optimizer(None, policy, params, monitor=monitor)
+                    try:
+                        profile = monitor.profile("bench")
+                        result = migrate("bench", vm.qemu, vm.destination(), profile, optimizer,
+                                         memory_bytes=vm.memory_bytes, wait_reactive_s=30)  # fmt: skip
+                    finally:
+                        monitor.stop()
+                    vm.moved_to(result.destination)
+                    for name, value in _steps(dict(optimizer.timeline.events()), result).items():
+                        steps.setdefault(name, []).append(value)
+                rows.append((policy, result.mode, steps))
+        finally:
+            vm.stop()
+    out = [
+        f"{rounds} migration(s) per mode of one idle guest (2 vCPUs, 256 MiB, {setup.accelerator}) between "
+        "two QEMU processes on this host, over 127.0.0.1; medians. plan = profile received to layout "
+        "planned; "
+        "to destination = planned (or migration start) to the incoming QEMU started (the proposal's RAM "
+        "bound to the planned node); "
+        "layout before switch-over = layout applied before migrate-continue; RAM = ram_transfer_start to "
+        "completed; reactive = arrival to its re-plan applied (window 1 s).",
+        "",
+        "| policy | mode | plan ms | to destination ms | layout before switch-over | RAM s | QEMU total ms "
+        "| downtime ms | reactive re-plan s |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for policy, mode, steps in rows:
+        before = steps.get("before_switchover")
+        held = "-" if not before else f"{int(sum(before))} of {len(before)}"
+        out.append(
+            f"| {policy} | {mode} | {_median(steps, 'plan', 1e3)} | {_median(steps, 'to_destination', 1e3)} "
+            f"| {held} | {_median(steps, 'ram', fmt='.2f')} | {_median(steps, 'total_ms', fmt='.0f')} "
+            f"| {_median(steps, 'downtime_ms', fmt='.0f')} | {_median(steps, 'reactive', fmt='.2f')} |"
+        )
+    return out
+
+
+def _median(steps: dict[str, list[float]], name: str, scale: float = 1.0, fmt: str = ".1f") -> str:
+    values = steps.get(name)
+    return "-" if not values else format(statistics.median(values) * scale, fmt)
+
+
+def _steps(times: dict[str, float], result) -> dict[str, float]:
+    steps: dict[str, float] = {}
+    planned = times.get("layout_planned", times["migration_start"])
+    steps["to_destination"] = times["destination_started"] - planned
+    if "layout_planned" in times:
+        steps["plan"] = times["layout_planned"] - times["profile_received"]
+        steps["before_switchover"] = float(times.get("layout_applied", 1e9) <= times["switchover"])
+    steps["ram"] = times["completed"] - times["ram_transfer_start"]
+    if "reactive_applied" in times:
+        steps["reactive"] = times["reactive_applied"] - times["completed"]
+    if result.total_time_ms is not None:
+        steps["total_ms"] = float(result.total_time_ms)
+    if result.downtime_ms is not None:
+        steps["downtime_ms"] = float(result.downtime_ms)
+    return steps
+
+
+def tables(runs: int, migrations: int, hosts: int, seed: int, live: int = 3) -> str:
     out = [
         f"NUMA layout benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
         f"Python {platform.python_version()}, numpy {np.__version__}",
@@ -161,6 +250,9 @@ def tables(runs: int, migrations: int, hosts: int, seed: int) -> str:
             f"| {r.resident_change_pct('proposal'):+.1f} / {paper(setup.paper_resident_change_pct, '+.1f')} "
             f"| {r.moved_mib['proposal']:.0f} / {r.moved_mib['reactive']:.0f} |"
         )
+    if live > 0:
+        out += ["", "### The live mechanism on this host: localhost live migrations of a TCG guest", ""]
+        out += live_mechanism(live)
     return "\n".join(out) + "\n"
 
 
@@ -170,12 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--migrations", type=int, default=1000)
     parser.add_argument("--hosts", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="20 runs, 100 hosts, 100 migrations")
+    parser.add_argument("--live", type=int, default=3, help="live migrations per mode (0: none)")
+    parser.add_argument("--quick", action="store_true", help="20 runs, 100 hosts, 100 migrations, 1 live")
     parser.add_argument("--write", type=Path, help="also write the markdown to this file")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.hosts, args.migrations = 20, 100, 100
-    text = tables(args.runs, args.migrations, args.hosts, args.seed)
+        args.runs, args.hosts, args.migrations, args.live = 20, 100, 100, 1
+    text = tables(args.runs, args.migrations, args.hosts, args.seed, args.live)
     sys.stdout.write(text)
     if args.write:
         args.write.write_text(text)

@@ -107,8 +107,9 @@ def test_preflight_looks_for_the_workload_tools_in_the_image(guest_image, monkey
     problems = ContainerEnvironment.preflight(ContainerOptions(), ("fio", "iperf3", "no-such-tool"))
     assert len(problems) == 1 and "no-such-tool is not in the guest image" in problems[0]
     monkeypatch.setattr(ct, "built_image", lambda *_: None)  # not built yet: its package list
-    problems = ContainerEnvironment.preflight(ContainerOptions(), ("sshd", "fio", "pgbench"))
-    assert len(problems) == 1 and problems[0].startswith("pgbench is not in the guest image's package list")
+    monkeypatch.setitem(ct.TOOL_PACKAGES, "mysql", "default-mysql-client")  # a package it lacks
+    problems = ContainerEnvironment.preflight(ContainerOptions(), ("sshd", "fio", "pgbench", "mysql"))
+    assert len(problems) == 1 and problems[0].startswith("mysql is not in the guest image's package list")
 
 
 # --------------------------------------------------------------------------

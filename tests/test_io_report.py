@@ -262,9 +262,47 @@ def test_a_failed_kind_still_gets_its_table_with_the_reason():
     study = Study()
     study.workloads.append({"name": "hdparm", "kind": "hdparm", "params": {"directory": "."}})
     study.fail("hdparm", "native", "no block device behind .")
-    (table,) = io_tables(study.results(("native",)))
+    methods, table = io_tables(study.results(("native",)))
+    assert methods.key == "io-disk-methods" and text_rows(methods) == [
+        ["hdparm", "hdparm", "buffered read", "in ."]
+    ]
     assert text_rows(table) == [["buffered read", "\u2014"]]
     assert "no block device" in table.notes[0]
+
+
+def test_nuttcp_conditions_are_seed_000_tables_7_and_8(tables):
+    table = tables["io-nuttcp-conditions"]
+    assert table.title == "nuttcp measuring conditions (seed 000 Tables 7-8)"
+    assert table.header == ("workload", "streams", "direction", "peer", "parameters")
+    rows = text_rows(table)
+    assert rows[0] == ["nuttcp-1-send", "1", "send only", "native", "3 s, 64 KiB"]
+    assert rows[2][:3] == ["nuttcp-1-bidirectional", "1", "both ways at once"]
+    assert [r[1] for r in rows] == ["1"] * 3 + ["10"] * 3
+    # the iperf3 sweep has its own; the senders-into-one workload is not a 1 <-> 1 condition
+    assert [r[0] for r in text_rows(tables["io-iperf3-conditions"])] == [
+        "iperf3-65536",
+        "iperf3-64",
+        "iperf3-1024",
+    ]
+
+
+def test_disk_methods_are_seed_000_table_11(tables):
+    table = tables["io-disk-methods"]
+    assert table.title == "Disk measuring methods (seed 000 Table 11)"
+    rows = text_rows(table)
+    assert rows[0] == ["dd-8", "dd", "write, read", "in ., 8 MiB, 1024 KiB blocks, mode write-read, direct"]
+    assert rows[3] == ["hdparm", "hdparm", "buffered read", "in ."]
+    assert rows[4] == ["ior", "IOR", "Write, Read", "in ., 256 MiB"]
+
+
+def test_a_write_only_dd_has_no_read_rows():
+    study = Study()
+    params = {"directory": ".", "size_mb": 1024, "mode": "write"}
+    study.add("dd-1g", "dd", params, rate("write_mbs", 431.0, "MB/s", cache="direct"))
+    found = {t.key: t for t in io_tables(study.results())}
+    assert [r[0] for r in text_rows(found["io-dd"])] == ["write"]
+    assert [r[0] for r in text_rows(found["io-disk-verdict"])] == ["dd write"]
+    assert text_rows(found["io-disk-methods"]) == [["dd-1g", "dd", "write", "in ., 1024 MiB, mode write"]]
 
 
 def test_reports_show_the_tables(results, html):
@@ -274,6 +312,8 @@ def test_reports_show_the_tables(results, html):
         "## scp, MB/s (seed 000 Table 16)",
         "## Large-block read latency, ms (seed 003 Table 1)",
         "## Disk against native (seed 000 Table 15)",
+        "## nuttcp measuring conditions (seed 000 Tables 7-8)",
+        "## Disk measuring methods (seed 000 Table 11)",
     ):
         assert title in markdown
     assert '<section id="io-tables">' in html and '<table id="io-dd-table">' in html

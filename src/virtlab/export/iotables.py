@@ -1,7 +1,8 @@
 """Seed-shaped tables of the disk, network and file-transfer workloads, from a results dict alone.
 
-Seed 000 shows nuttcp in Tables 9 (1 stream) and 10 (10 streams) as rows of directions (both ways
-sent, both ways received, send only, receive only) by columns of environments, dd in Table 12,
+Seed 000 lists nuttcp's conditions in Tables 7-8 and the disk tools' in Table 11, and shows nuttcp in
+Tables 9 (1 stream) and 10 (10 streams) as rows of directions (both ways sent, both ways received,
+send only, receive only) by columns of environments, dd in Table 12,
 hdparm in 13, IOR's write and read in 14, the ○/× of those against bare metal in 15 and scp per
 cipher in 16; seed 003's Table 1 is fio's large-block read latency per environment. The tables
 here have those shapes, built generically: the workloads of one kind are grouped, a row is one
@@ -109,6 +110,7 @@ _PARAM_TEXT: dict[str, Callable[[Any], str]] = {
     "transfer_kb": lambda v: f"{v} KiB transfers",
     "message_bytes": format_bytes,
     "streams": lambda v: f"{v} stream{'s' if v != 1 else ''}",
+    "duration_s": lambda v: f"{v:g} s",
     "direction": lambda v: {"send": "send only", "receive": "receive only"}.get(v, str(v)),
     "cipher": str,
     "directory": lambda v: f"in {v}",
@@ -320,10 +322,89 @@ def _kind_lines(ctx: _Context, kind: str, metrics: Sequence[tuple[str, str]]) ->
     lines = []
     for workload in sorted(group, key=lambda w: _sort_key(w, varying)):
         label = workload_label(workload, varying, len(group))
-        for metric, words in metrics:
+        for metric, words in _measured(ctx, str(workload["name"]), metrics):
             text = f"{label} \u00b7 {words}" if len(group) > 1 else words
             lines.append(Line(text, str(workload["name"]), metric))
     return lines
+
+
+def _measured(ctx: _Context, workload: str, metrics: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The metrics a workload's parameters made it measure (dd in mode "write" gives no read): those
+    it has figures of; all of them when it has none anywhere, so that a failed row still says why."""
+    produced = {m for (_, w, m) in ctx.cells if w == workload}
+    return [(m, words) for m, words in metrics if m in produced] or list(metrics)
+
+
+# --------------------------------------------------------------------------
+# the conditions: seed 000 Tables 7-8 (nuttcp) and 11 (the disk tools)
+# --------------------------------------------------------------------------
+
+
+def params_text(workload: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
+    """A workload's parameters as the seed lists them next to a tool ("1024 MiB, mode write")."""
+    params = workload.get("params") or {}
+    left_out = {*_IGNORED_PARAMS, *skip}
+    return ", ".join(param_text(k, v) for k, v in params.items() if k not in left_out and _said(v))
+
+
+def _text_row(*texts: str) -> tuple[Cell, ...]:
+    return tuple(Cell(text, "label") for text in texts)
+
+
+def network_conditions_tables(ctx: _Context) -> list[Table]:
+    """Seed 000 Tables 7 and 8: per tool, one row per 1 <-> 1 workload: its stream count, direction
+    and the rest of its parameters, and the environment that serves it."""
+    tables = []
+    for kind in NETWORK_KINDS:
+        pairs = [w for w in workloads_of(ctx.results, [kind]) if not _group_of(w)]
+        if not pairs:
+            continue
+        rows = []
+        for workload in pairs:
+            params = workload.get("params") or {}
+            direction = params.get("direction", "send")
+            way = "both ways at once" if direction == "bidirectional" else param_text("direction", direction)
+            rows.append(
+                _text_row(
+                    str(workload.get("name")),
+                    str(params.get("streams", 1)),
+                    way,
+                    str(params.get("peer") or ctx.baseline),
+                    params_text(workload, ("streams", "direction", "peer", "senders", "receivers")),
+                )
+            )
+        tables.append(
+            Table(
+                key=f"io-{kind}-conditions",
+                title=f"{kind} measuring conditions (seed 000 Tables 7-8)",
+                header=("workload", "streams", "direction", "peer", "parameters"),
+                rows=tuple(rows),
+                caption="Each environment's side of the test against its peer, the other end; the "
+                "direction is the environment's own: send = it sends to the peer, receive = the peer "
+                "sends to it.",
+            )
+        )
+    return tables
+
+
+def disk_methods_table(ctx: _Context) -> Table | None:
+    """Seed 000 Table 11: each disk workload, what it measures and with which parameters."""
+    rows = []
+    for kind, metrics in DISK_RATES.items():
+        for workload in workloads_of(ctx.results, [kind]):
+            name = str(workload.get("name"))
+            measures = ", ".join(words for _, words in _measured(ctx, name, metrics))
+            rows.append(_text_row(name, _kind_word(ctx, name), measures, params_text(workload)))
+    if not rows:
+        return None
+    return Table(
+        key="io-disk-methods",
+        title="Disk measuring methods (seed 000 Table 11)",
+        header=("workload", "software", "measures", "parameters"),
+        rows=tuple(rows),
+        caption="The tools' parameters as the plan gives them; the disk tables' footnotes say how the "
+        "page cache was kept out in each environment.",
+    )
 
 
 def disk_verdict_table(ctx: _Context) -> Table | None:
@@ -438,8 +519,9 @@ def _reduction(ctx: _Context) -> str:
 def io_tables(results: Mapping[str, Any]) -> list[Table]:
     """Every seed-shaped table the study's workloads call for, in the seeds' order; none without them."""
     ctx = _Context(results)
-    tables: list[Table] = [*network_tables(ctx)]
+    tables: list[Table] = [*network_conditions_tables(ctx), *network_tables(ctx)]
     tables += [t for t in (aggregate_table(ctx),) if t is not None]
+    tables += [t for t in (disk_methods_table(ctx),) if t is not None]
     tables += disk_tables(ctx)
     tables += [t for t in (disk_verdict_table(ctx),) if t is not None]
     tables += transfer_tables(ctx)

@@ -47,6 +47,9 @@ DEFAULT_PACKAGES = (
     "fio", "iperf3", "nuttcp", "sysbench", "hdparm", "openssh-server", "qemu-guest-agent",
     "libgmp10", "libmpfr6", "iproute2", "procps", "kmod", "util-linux", "ncbi-blast+",
     "default-jre-headless",
+    # the web and database workloads' servers (spawn-fcgi: fcgiwrap's alternative to systemd) and
+    # their clients, for a guest that plays the client's part
+    "nginx", "fcgiwrap", "spawn-fcgi", "postgresql", "wrk", "curl",
 )  # fmt: skip
 # Drivers the initramfs loads: QEMU's virtio devices, the emulated disk and NIC models the studies
 # compare with them, and the root file system's (built into cloud-amd64, modules in amd64; jbd2

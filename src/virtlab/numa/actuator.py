@@ -9,11 +9,16 @@ Paper (Xen)                            Here (a QEMU process, its vCPU thread ids
 ``Move_pages_socket(ALL=0, mfn, ..)``  ``move_frame(pid, address, node)``: the page at an address
 ``xl vcpu-pin``                        ``pin_vcpu(tid, cpus)``: sched_setaffinity
 (whole VM)                             ``move_memory(pid, from_nodes, to_node)``: migrate_pages(2)
+(a process inside a guest)             ``move_in_guest(env, pid, node)``: pages and threads, by the
+                                       ``numa_move`` kernel run in the guest (no numactl needed)
 =====================================  ==========================================================
 
 A frame is named by its virtual address in the QEMU process (the host has no MFN to offer a
 process); ``move_pages`` reports a status per page: the node the page is on afterwards, or a
 negative errno (-ENOENT: not present, -EBUSY, -EFAULT...).
+
+``pin_vm`` pins a VM's vCPU threads to its nodes' CPUs; ``apply`` makes VMs sit where a
+``Placement`` says (pins, then migrate_pages for a VM wholly on one node, page moves otherwise).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from virtlab.control.placement import (
     SYS_MIGRATE_PAGES,
@@ -36,12 +41,14 @@ from virtlab.control.placement import (
     format_cpu_list,
     host_nodes,
     nodemask,
+    parse_cpu_list,
     pin_threads,
     usable_cpus,
 )
 from virtlab.numa.monitor import Monitor, numa_maps
 from virtlab.numa.placement import Placement, VmPlacement, diff
 from virtlab.numa.topology import Topology
+from virtlab.samples import ParseError
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 MPOL_MF_MOVE = 1 << 1
@@ -268,19 +275,13 @@ def apply(
     are made page by page.
     """
     current = current if current is not None else current_placement(vms, topology)
-    usable = set(usable_cpus())
     moves = diff(current, placement)
     actions: list[Action] = []
     for vm, target in placement.items():
         if vm not in vms:
             continue
         pid, tids = vms[vm]
-        cpus = sorted({c for n in target.vcpu_nodes for c in topology.node(n).cpus} & usable)
-        if not cpus:
-            raise ActuatorError(f"{vm}: nodes {target.vcpu_nodes} have no CPU this process may use")
-        for tid in tids:
-            before = pin_vcpu(tid, cpus)
-            actions.append(Action(vm, "pin", {"tid": tid, "cpus": cpus, "before": sorted(before)}))
+        actions += pin_vm(vm, tids, target.vcpu_nodes, topology)
         if len(target.memory_nodes) == 1:
             node = target.memory_nodes[0]
             others = [n for n in topology.node_ids if n != node]
@@ -291,6 +292,21 @@ def apply(
             if move.vm == vm and move.kind == "memory":
                 done = move_pages(pid, move.pages(PAGE_BYTES), move.dst[0], from_node=move.src[0])
                 actions.append(Action(vm, "move_pages", {"from": move.src[0], **done.to_dict()}))
+    return actions
+
+
+def pin_vm(vm: str, tids: Sequence[int], nodes: Sequence[int], topology: Topology) -> list[Action]:
+    """Pin every vCPU thread of ``vm`` to the CPUs of ``nodes`` that this process may use."""
+    cpus = sorted({c for n in nodes for c in topology.node(n).cpus} & set(usable_cpus()))
+    if not cpus:
+        raise ActuatorError(f"{vm}: nodes {tuple(nodes)} have no CPU this process may use")
+    actions = []
+    for tid in tids:
+        try:
+            before = pin_vcpu(tid, cpus)
+        except ProcessLookupError as error:
+            raise ProcessLookupError(f"{vm}: {error}") from None
+        actions.append(Action(vm, "pin", {"tid": tid, "cpus": cpus, "before": sorted(before)}))
     return actions
 
 
@@ -326,3 +342,86 @@ def _tgid(tid: int) -> int:
         if line.startswith("Tgid:"):
             return int(line.split()[1])
     raise ProcessLookupError(f"thread {tid}: no Tgid")
+
+
+# --------------------------------------------------------------------------- inside a guest
+
+GUEST_MOVE_KERNEL = "numa_move"
+_GUEST_MOVE_COUNTS = (
+    "pid", "node", "threads", "pinned", "pages", "before_on_node", "moved", "failed", "after_on_node",
+    "after_elsewhere", "numa_balancing", "valid",
+)  # fmt: skip
+
+
+class _Runs(Protocol):
+    """Where a command runs: an environment (a guest through its agent, a container, the host)."""
+
+    @property
+    def bin_dir(self) -> str: ...
+
+    def run(self, argv: list[str], timeout_s: float) -> Any: ...
+
+
+@dataclass(frozen=True)
+class GuestMove:
+    """What ``numa_move`` (virtlab/native/numa_move.c) did to a process inside a guest: its pages
+    moved to ``node`` with move_pages(2), its threads restricted to the node's CPUs. ``valid``: the
+    kernel then reports every present page of the process on ``node`` and every thread on its CPUs."""
+
+    pid: int
+    node: int
+    cpus: tuple[int, ...]
+    threads: int
+    pinned: int
+    pages: int
+    before_on_node: int
+    moved: int
+    failed: int
+    move_errors: dict[int, int]
+    """-errno -> pages that could not move (-2 ENOENT, -14 EFAULT: gone meanwhile; -16 EBUSY...)."""
+    after_on_node: int
+    after_elsewhere: int
+    after_errors: dict[int, int]
+    numa_balancing: int
+    """The guest kernel's automatic NUMA balancing (1 on, 0 off, -1 unknown): it moves pages too."""
+    valid: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "cpus": list(self.cpus)}
+
+
+def guest_move_command(bin_dir: str, pid: int, node: int) -> list[str]:
+    return [f"{bin_dir}/{GUEST_MOVE_KERNEL}", "-p", str(pid), "-n", str(node)]
+
+
+def parse_guest_move(output: str) -> GuestMove:
+    """numa_move's one ``key=value`` line; ParseError when it is not there."""
+    pairs = dict(token.partition("=")[::2] for token in output.split() if "=" in token)
+    missing = [
+        key for key in (*_GUEST_MOVE_COUNTS, "cpus", "move_errors", "after_errors") if key not in pairs
+    ]
+    if missing:
+        raise ParseError(f"numa_move: no {', '.join(missing)} in its output {output.strip()[:200]!r}")
+    try:
+        counts = {key: int(pairs[key]) for key in _GUEST_MOVE_COUNTS}
+        cpus = parse_cpu_list(pairs["cpus"])
+        errors = {key: _errors(pairs[key]) for key in ("move_errors", "after_errors")}
+    except ValueError as error:
+        raise ParseError(f"numa_move: {error} in {output.strip()[:200]!r}") from None
+    return GuestMove(cpus=cpus, **errors, **{**counts, "valid": counts["valid"] == 1})
+
+
+def _errors(text: str) -> dict[int, int]:
+    """``-2:9,-14:70`` -> {-2: 9, -14: 70}; ``none`` -> {}."""
+    if text == "none":
+        return {}
+    return {int(code): int(count) for code, count in (item.split(":") for item in text.split(","))}
+
+
+def move_in_guest(where: _Runs, pid: int, node: int, timeout_s: float = 120.0) -> GuestMove:
+    """Move process ``pid`` of a guest (or any environment holding virtlab's kernels) to ``node``:
+    its pages and its threads' affinity, from inside. ActuatorError when the tool refuses or fails."""
+    result = where.run(guest_move_command(where.bin_dir, pid, node), timeout_s)
+    if result.exit_code not in (0, 1):
+        raise ActuatorError(f"numa_move -p {pid} -n {node}: {result.log()}")
+    return parse_guest_move(result.stdout)

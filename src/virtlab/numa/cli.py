@@ -1,4 +1,5 @@
-"""``virtlab numa``: the host's topology, monitoring processes, planning a layout (dry run).
+"""``virtlab numa``: the host's topology, monitoring processes, planning a layout (dry run), and a live
+migration of a guest with a policy (``migrate``).
 
 Mounted by ``virtlab.cli`` as ``app.add_typer(numa_app, name="numa")``.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,7 +19,7 @@ from virtlab.numa.policies import POLICIES
 from virtlab.numa.profile import VmProfile
 from virtlab.numa.topology import Topology, TopologyError
 
-numa_app = typer.Typer(help="Migration-aware NUMA layout (monitor, plan, apply).", no_args_is_help=True)
+numa_app = typer.Typer(help="Migration-aware NUMA layout (monitor, plan, migrate).", no_args_is_help=True)
 
 
 def _echo_json(data: object) -> None:
@@ -91,3 +92,82 @@ def plan(
     now = Placement.from_dict(json.loads(current.read_text())) if current else Placement()
     incoming = VmProfile.from_dict(json.loads(arriving.read_text())) if arriving else None
     _echo_json({"policy": policy, "placement": chosen.plan(topo, residents, now, incoming).to_dict()})
+
+
+@numa_app.command()
+def migrate(
+    policy: Annotated[str, typer.Option(help=f"one of: {', '.join(POLICIES.names())}")] = "simple",
+    then: Annotated[str, typer.Option(help="reactive: the policy it plans with after its window")] = "simple",
+    window_s: Annotated[
+        float, typer.Option(min=0, help="reactive: monitoring after arrival, seconds")
+    ] = 10.0,
+    workload: Annotated[
+        str, typer.Option(help="what the guest runs meanwhile: malloc_access, cubic_calc or none")
+    ] = "malloc_access",
+    workload_mb: Annotated[int, typer.Option(min=1, help="the workload's memory in MiB")] = 64,
+    vcpus: Annotated[int, typer.Option(min=1, help="the guest's vCPUs")] = 1,
+    memory_mb: Annotated[int, typer.Option(min=256, help="the guest's memory in MiB")] = 512,
+    numa_nodes: Annotated[int, typer.Option(min=1, help="the guest's own NUMA nodes")] = 1,
+    accel: Annotated[str, typer.Option(help="auto, kvm or tcg")] = "auto",
+    monitor_s: Annotated[int, typer.Option(min=1, help="samples (one a second) before migrating")] = 3,
+    counters: Annotated[
+        str, typer.Option(help="miss counts: auto, perf or model (the workload model)")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="the result as JSON")] = False,
+) -> None:
+    """Boot a guest, live-migrate it into a second QEMU on this host with a policy, print the timeline.
+
+    proposal policies (simple, dino, asymsched): the profile goes to the destination at migration start,
+    which plans, starts the incoming QEMU with its RAM bound to the planned node(s) and pins its vCPUs
+    before the switch-over. reactive: monitors after arrival, plans after --window-s. default: no change.
+    """
+    from virtlab.build import build_kernels
+    from virtlab.environments.vm import VmOptions
+    from virtlab.numa.live import migrate_guest, prepare_guests
+    from virtlab.numa.migration import MigrationError
+    from virtlab.workloads import WORKLOADS
+
+    params = _policy_params(policy, then, window_s)
+    if workload not in ("malloc_access", "cubic_calc", "none"):
+        raise typer.BadParameter(
+            f"{workload!r}: use malloc_access, cubic_calc or none", param_hint="--workload"
+        )
+    if counters not in ("auto", "perf", "model"):
+        raise typer.BadParameter(f"{counters!r}: use auto, perf or model", param_hint="--counters")
+    try:
+        options = VmOptions(vcpus=vcpus, memory_mb=memory_mb, numa_nodes=numa_nodes, accel=accel)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from error
+    work = None if workload == "none" else WORKLOADS.get(workload).from_mapping({"memory_mb": workload_mb})
+    say = (lambda _line: None) if as_json else (lambda line: typer.echo(line, err=True))
+    setup = prepare_guests(options, build_kernels(), say=say)
+    try:
+        out = migrate_guest(setup, policy, params, work, monitor_s, counters, say=say)  # type: ignore[arg-type]
+    except MigrationError as error:
+        typer.echo(f"migration failed: {error}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        _echo_json(out)
+        return
+    typer.echo(f"{policy} ({out['mode']}): {out['status']} in {out['total_time_ms']} ms, downtime "
+               f"{out['downtime_ms']} ms, accelerator {out['accelerator']}")  # fmt: skip
+    for event, t in out["timeline"]:
+        typer.echo(f"  {t:8.3f} s  {event}")
+    bound = "not bound" if out["ram_nodes"] is None else f"node(s) {out['ram_nodes']}"
+    typer.echo(f"guest RAM at the destination: {bound}")
+    for action in out["actions"]:
+        typer.echo(f"  action: {json.dumps(action)}")
+    typer.echo(f"miss counts: {out['counters']}")
+
+
+def _policy_params(policy: str, then: str, window_s: float) -> dict[str, Any] | None:
+    try:
+        POLICIES.get(policy)
+    except LookupError as error:
+        raise typer.BadParameter(str(error), param_hint="--policy") from error
+    if policy != "reactive":
+        return None
+    try:
+        return dict(POLICIES.get("reactive").params({"then": then, "window_s": window_s}))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--then") from error

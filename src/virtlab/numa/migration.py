@@ -1,16 +1,27 @@
 """Live migration with the layout planned and applied on the destination *during* the migration.
 
-The paper's flow, between two QEMU processes (on one host over 127.0.0.1, or two hosts):
+Between two QEMU processes on one host over 127.0.0.1. What the destination does depends on its
+``Optimizer``'s mode, given by the policy (``Optimizer.mode``):
 
-1. the destination QEMU runs the same command line plus ``-incoming defer``;
-2. the source gets the ``pause-before-switchover`` capability, the destination ``migrate-incoming``,
-   the source ``migrate``: **migration start**;
-3. the Transferer sends the VM's monitored profile to the destination's ``Optimizer``
-   (**profile received**), which plans with a policy (``numa.POLICIES``) over its resident VMs plus
-   the arriving one and applies the placement to the destination QEMU's vCPU threads and memory
-   (**layout applied**);
-4. when the source reaches ``pre-switchover`` (RAM copied, source paused) and the layout is applied,
-   ``migrate-continue``: **switch-over**; then **completed**.
+**proposal** (simple, dino, asymsched: the paper's mechanism)
+
+1. ``migration_start``: the Transferer sends the VM's monitored profile to the destination's
+   Optimizer over an authenticated channel (``profile_received``), which plans with its policy over
+   its resident VMs plus the arriving one (``layout_planned``) and starts moving the residents'
+   memory in the background, while the VM's RAM is copied;
+2. the incoming QEMU starts (``destination_started``) with the guest RAM in memory backends bound to
+   the planned node(s) (``memory-backend-ram``, ``host-nodes``, ``policy=bind``): the pages land there
+   as they arrive and nothing is moved afterwards; its vCPU threads are pinned before the guest runs;
+3. ``migrate`` with the ``pause-before-switchover`` capability (``ram_transfer_start``); at
+   ``pre_switchover`` (RAM copied, source paused) it waits for ``layout_applied`` (residents moved,
+   arrival pinned), then ``migrate-continue`` (``switchover``), ``completed``, ``destination_running``.
+
+**default**: no profile, an unbound destination (its memory wherever the kernel puts it), no pinning.
+
+**reactive** (the paper's "existing method"): as default during the migration; once it has completed
+the destination starts monitoring the arrived VM (``monitoring_started``) and, after the policy's
+window, plans with its ``then`` policy and applies the plan with migrate_pages and sched_setaffinity
+(``reactive_planned``, ``reactive_applied``): the memory moves after the fact.
 
 ``MigrationResult.timeline`` lists these events as (event, seconds since migration start).
 """
@@ -22,12 +33,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from virtlab.numa.actuator import Action, apply, current_placement
+from virtlab.numa.actuator import Action, apply, current_placement, pin_vm
 from virtlab.numa.monitor import Monitor
 from virtlab.numa.placement import Placement
 from virtlab.numa.policies import POLICIES
@@ -39,6 +50,14 @@ from virtlab.qmp import GuestAgent, GuestAgentError, Qmp, QmpError
 QMP_SOCKET = "qmp.sock"
 QGA_SOCKET = "qga.sock"
 _POLL_S = 0.02
+DEFAULT_BANDWIDTH_MIBS = 4096.0
+"""QEMU's own default (32 MiB/s) is meant for a shared network: over loopback a guest that writes
+memory steadily would never converge at it."""
+RAM_IDS = {"q35": "pc.ram", "pc": "pc.ram", "microvm": "microvm.ram"}
+"""The id QEMU gives a machine's implicit RAM backend: an explicit backend must have the same id so
+that the migration stream's RAM block names match the source's."""
+
+Mode = Literal["proposal", "reactive", "default"]
 
 
 class MigrationError(RuntimeError):
@@ -55,6 +74,10 @@ class Timeline:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
+
+    @property
+    def started_monotonic(self) -> float:
+        return self._t0
 
     def add(self, event: str) -> float:
         t = round(time.monotonic() - self._t0, 4)
@@ -133,21 +156,32 @@ class QemuProcess:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.agent.shutdown()
-            self.agent = None
-        if self.alive():
-            try:
-                self.qmp.execute("quit", timeout=5)
-            except QmpError:
-                pass
-        self.qmp.close()
+    def console(self) -> str:
+        """The guest's serial console (``console.log`` in the workdir, as virtlab's VMs write it)."""
         try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            return (self.workdir / "console.log").read_text(errors="replace")[-20000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Quit through QMP; whatever QMP or the agent say (a connection already lost), the process
+        ends: killed when it has not quit within 5 s."""
+        try:
+            if self.agent is not None:
+                self.agent.shutdown()
+                self.agent = None
+            if self.alive():
+                try:
+                    self.qmp.execute("quit", timeout=5)
+                except Exception:  # noqa: BLE001 - QEMU may close the socket before answering
+                    pass
+            self.qmp.close()
+        finally:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
 
 def incoming_argv(argv: Sequence[str]) -> list[str]:
@@ -156,53 +190,244 @@ def incoming_argv(argv: Sequence[str]) -> list[str]:
     return [a for a in argv if a != "-S"] + ["-incoming", "defer"]
 
 
+def bind_guest_ram(argv: Sequence[str], nodes: Iterable[int]) -> list[str]:
+    """``argv`` with the guest's RAM in memory backends bound to host ``nodes`` (``policy=bind``).
+
+    Backends already on the command line (one per guest NUMA node) get ``host-nodes``; a machine
+    whose RAM is implicit (``-m`` alone) gets an explicit backend under the id QEMU gives the
+    implicit one, so that a source started without it can migrate into it.
+    """
+    wanted = sorted(set(nodes))
+    if not wanted:
+        raise ValueError("binding guest RAM needs at least one host node")
+    binding = ",".join(f"host-nodes={r}" for r in _ranges(wanted)) + ",policy=bind"
+    out = list(argv)
+    backends = [
+        i + 1 for i, a in enumerate(out[:-1]) if a == "-object" and out[i + 1].startswith("memory-backend-")
+    ]
+    for i in backends:
+        kept = [kv for kv in out[i].split(",") if kv.split("=")[0] not in ("host-nodes", "policy")]
+        out[i] = ",".join(kept) + "," + binding
+    if backends:
+        return out
+    machine = _option(out, "-machine") or _option(out, "-M")
+    kind = (machine or "pc").split(",")[0].removeprefix("type=")
+    if kind not in RAM_IDS:
+        raise ValueError(f"machine {kind!r}: no known id for its RAM backend ({', '.join(RAM_IDS)} known)")
+    size = _option(out, "-m")
+    if size is None:
+        raise ValueError("the command line has no -m: the size of the RAM backend is unknown")
+    size = next(
+        (kv.removeprefix("size=") for kv in size.split(",") if "=" not in kv or kv.startswith("size=")), ""
+    )
+    if not size:
+        raise ValueError("the command line's -m gives no size: the size of the RAM backend is unknown")
+    if size.isdigit():
+        size += "M"  # -m counts MiB without a suffix, a backend's size counts bytes
+    ram = RAM_IDS[kind]
+    return out + ["-object", f"memory-backend-ram,id={ram},size={size},{binding}",
+                  "-machine", f"memory-backend={ram}"]  # fmt: skip
+
+
+def _option(argv: Sequence[str], name: str) -> str | None:
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name), None)
+
+
+def _ranges(ids: Sequence[int]) -> list[str]:
+    """[0, 1, 2, 5] -> ["0-2", "5"]: QEMU's host-nodes takes ranges, repeated for a list."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Destination:
+    """How the incoming QEMU starts: the source's command line, in a workdir of its own."""
+
+    argv: tuple[str, ...]
+    workdir: Path
+    name: str = "destination"
+
+    def start(self, memory_nodes: Sequence[int] | None = None) -> QemuProcess:
+        """The incoming QEMU, its guest RAM bound to ``memory_nodes`` when given."""
+        argv = incoming_argv(self.argv)
+        if memory_nodes:
+            argv = bind_guest_ram(argv, memory_nodes)
+        return QemuProcess(argv, self.workdir, self.name)
+
+
 # --------------------------------------------------------------------------- the destination's optimizer
+
+
+def policy_mode(policy: str, params: Mapping[str, Any] | None = None) -> Mode:
+    """proposal: plans with the transferred profile; reactive: plans after a window; default: never."""
+    chosen = POLICIES.get(policy)
+    if not chosen.replans:
+        return "default"
+    return "reactive" if chosen.window_s(params) is not None else "proposal"
 
 
 @dataclass
 class Optimizer:
-    """Plans the destination's layout when a profile arrives and applies it.
+    """The destination's planner and actuator.
 
-    ``residents``: name -> (pid, vCPU tids) of the VMs already here, with profiles from ``monitor``;
-    ``arrivals``: name -> (pid, vCPU tids) of the incoming QEMU of each VM expected.
+    ``residents``: name -> (pid, vCPU tids) of the VMs already here, profiled by ``monitor``;
+    ``topology``: the host's, or None to read it from sysfs at each plan (free memory changes).
     """
 
-    topology: Topology
+    topology: Topology | None = None
     policy: str = "simple"
     params: Mapping[str, Any] | None = None
     residents: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    arrivals: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
     monitor: Monitor | None = None
     timeline: Timeline = field(default_factory=Timeline)
     dry_run: bool = False
     placement: Placement | None = None
+    """The latest plan: the proposal's at migration start, reactive's after its window."""
     actions: list[Action] = field(default_factory=list)
     error: BaseException | None = None
     applied: threading.Event = field(default_factory=threading.Event)
+    """Set once the proposal's layout is in place (or failed): the switch-over waits for it."""
+    reactive_done: threading.Event = field(default_factory=threading.Event)
+    arrived: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._residents_done = threading.Event()
+        self._arrival_done = threading.Event()
+        self._stop = threading.Event()
+        self._reactive: threading.Thread | None = None
+
+    @property
+    def mode(self) -> Mode:
+        return policy_mode(self.policy, self.params)
+
+    def host_topology(self) -> Topology:
+        return self.topology if self.topology is not None else Topology.from_sysfs()
+
+    def record(self, actions: Iterable[Action]) -> None:
+        with self._lock:
+            self.actions.extend(actions)
+
+    def _fail(self, error: BaseException, event: str) -> None:
+        with self._lock:
+            self.error = self.error or error
+        self.timeline.add(event)
+
+    def _profiles(self, vms: Iterable[str]) -> dict[str, VmProfile]:
+        return {name: self.monitor.profile(name) for name in vms} if self.monitor else {}
+
+    # -- proposal ---------------------------------------------------------------------------------
 
     def on_profile(self, vm: str, profile: VmProfile) -> None:
+        """The Transferer's callback: plan at once, move the residents while the RAM is copied."""
         self.timeline.add("profile_received")
         try:
+            topology = self.host_topology()
+            current = current_placement(self.residents, topology) if self.residents else Placement()
             policy = POLICIES.get(self.policy)
-            profiles = {name: self.monitor.profile(name) for name in self.residents} if self.monitor else {}
-            current = current_placement(self.residents, self.topology) if self.residents else Placement()
-            self.placement = policy.plan(self.topology, profiles, current, profile, self.params)
+            self.placement = policy.plan(
+                topology, self._profiles(self.residents), current, profile, self.params
+            )
             self.timeline.add("layout_planned")
-            if not self.dry_run:
-                targets = {**self.residents, **({vm: self.arrivals[vm]} if vm in self.arrivals else {})}
-                self.actions = apply(self.placement, targets, self.topology, current)
-            self.timeline.add("layout_applied")
-        except BaseException as error:  # reported by the migration, which must not hang on it
-            self.error = error
-            self.timeline.add("layout_failed")
+        except Exception as error:  # reported by the migration, which must not hang on it
+            self._fail(error, "layout_failed")
+            self._residents_done.set()
+            self._arrival_done.set()
+            self._check_applied()
+            return
+        threading.Thread(
+            target=self._apply_residents, args=(topology, current), name="optimizer-residents", daemon=True
+        ).start()
+
+    def memory_nodes(self, vm: str) -> tuple[int, ...] | None:
+        """The nodes planned for ``vm``'s memory, None without a plan for it."""
+        planned = self.placement.get(vm) if self.placement is not None else None
+        return None if planned is None else planned.memory_nodes or planned.vcpu_nodes
+
+    def _apply_residents(self, topology: Topology, current: Placement) -> None:
+        try:
+            assert self.placement is not None
+            mine = Placement.of({vm: p for vm, p in self.placement.items() if vm in self.residents})
+            if not self.dry_run and len(mine):
+                self.record(apply(mine, self.residents, topology, current))
+        except Exception as error:
+            self._fail(error, "layout_failed")
         finally:
+            self._residents_done.set()
+            self._check_applied()
+
+    def place_arrival(self, vm: str, pid: int, tids: Sequence[int]) -> None:
+        """Pin the incoming QEMU's vCPU threads to their planned nodes before the guest runs there."""
+        try:
+            planned = self.placement.get(vm) if self.placement is not None else None
+            if planned is None:
+                raise MigrationError(f"the optimizer has no plan for {vm}")
+            if not self.dry_run:
+                self.record(pin_vm(vm, tids, planned.vcpu_nodes, self.host_topology()))
+        except Exception as error:
+            self._fail(error, "layout_failed")
+        finally:
+            self._arrival_done.set()
+            self._check_applied()
+
+    def _check_applied(self) -> None:
+        with self._lock:
+            if self.applied.is_set() or not (self._residents_done.is_set() and self._arrival_done.is_set()):
+                return
             self.applied.set()
+        if self.error is None:
+            self.timeline.add("layout_applied")
+
+    # -- reactive ---------------------------------------------------------------------------------
+
+    def watch_arrival(self, vm: str, pid: int, tids: Sequence[int], memory_bytes: int | None = None) -> None:
+        """Reactive: start monitoring the VM that has arrived, plan once the policy's window has passed."""
+        if self.monitor is None:
+            raise MigrationError("the reactive policy monitors the arrived VM: the optimizer needs a monitor")
+        self.monitor.register(vm, pid, tids, memory_bytes)
+        self.arrived[vm] = (pid, list(tids))
+        self.timeline.add("monitoring_started")
+        self.monitor.start()
+        self._reactive = threading.Thread(target=self._replan, name="optimizer-reactive", daemon=True)
+        self._reactive.start()
+
+    def _replan(self) -> None:
+        window = POLICIES.get(self.policy).window_s(self.params) or 0.0
+        try:
+            if self._stop.wait(window):
+                return
+            everyone = {**self.residents, **self.arrived}
+            topology = self.host_topology()
+            current = current_placement(everyone, topology)
+            policy = POLICIES.get(self.policy)
+            self.placement = policy.plan(topology, self._profiles(everyone), current, None, self.params)
+            self.timeline.add("reactive_planned")
+            if not self.dry_run:
+                self.record(apply(self.placement, everyone, topology, current))
+            self.timeline.add("reactive_applied")
+        except Exception as error:  # the VMs run on; the failure is reported with the result
+            self._fail(error, "reactive_failed")
+        finally:
+            self.reactive_done.set()
+
+    def wait_reactive(self, timeout_s: float) -> bool:
+        """Whether the reactive re-plan has finished (or there is none) within ``timeout_s``."""
+        return self._reactive is None or self.reactive_done.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Cancel a reactive re-plan still waiting for its window."""
+        self._stop.set()
 
 
 # --------------------------------------------------------------------------- the migration
@@ -211,15 +436,21 @@ class Optimizer:
 @dataclass
 class MigrationResult:
     vm: str
+    policy: str
+    mode: Mode
     timeline: list[tuple[str, float]]
     status: str
     destination_status: str
     total_time_ms: int | None
     downtime_ms: int | None
     ram_transferred_bytes: int | None
+    ram_nodes: tuple[int, ...] | None
+    """Host nodes the destination's guest RAM was bound to (None: not bound)."""
     placement: Placement | None
     actions: list[Action]
-    profile_source: str
+    profile_source: str | None
+    destination: QemuProcess | None = field(default=None, repr=False)
+    """The running destination QEMU; the caller stops it."""
 
     def before(self, a: str, b: str) -> bool:
         times = dict(self.timeline)
@@ -228,12 +459,15 @@ class MigrationResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "vm": self.vm,
+            "policy": self.policy,
+            "mode": self.mode,
             "timeline": [[e, t] for e, t in self.timeline],
             "status": self.status,
             "destination_status": self.destination_status,
             "total_time_ms": self.total_time_ms,
             "downtime_ms": self.downtime_ms,
             "ram_transferred_bytes": self.ram_transferred_bytes,
+            "ram_nodes": None if self.ram_nodes is None else list(self.ram_nodes),
             "placement": None if self.placement is None else self.placement.to_dict(),
             "actions": [a.to_dict() for a in self.actions],
             "profile_source": self.profile_source,
@@ -243,57 +477,124 @@ class MigrationResult:
 def migrate(
     vm: str,
     source: QemuProcess,
-    destination: QemuProcess,
-    profile: VmProfile,
+    destination: Destination,
+    profile: VmProfile | None,
     optimizer: Optimizer,
     *,
     host: str = "127.0.0.1",
     port: int | None = None,
     timeout_s: float = 120.0,
     layout_timeout_s: float = 30.0,
+    bandwidth_mibs: float | None = DEFAULT_BANDWIDTH_MIBS,
+    downtime_limit_ms: int | None = None,
+    memory_bytes: int | None = None,
+    wait_reactive_s: float | None = None,
 ) -> MigrationResult:
-    """Migrate ``vm`` from ``source`` to ``destination`` (started with ``incoming_argv``), sending
-    ``profile`` to ``optimizer`` at the start and switching over only once its layout is applied."""
+    """Migrate ``vm`` from ``source`` into a QEMU started from ``destination``, as the optimizer's mode
+    says (see the module's doc). ``profile`` is what the Transferer sends (proposal only);
+    ``memory_bytes`` the guest's RAM (reactive's monitor); ``wait_reactive_s``: wait that long for the
+    reactive re-plan before returning (None: return at completion, the re-plan runs on)."""
+    mode = optimizer.mode
+    if mode == "proposal" and profile is None:
+        raise ValueError(f"policy {optimizer.policy} plans with the migrating VM's profile: give one")
     timeline = optimizer.timeline
-    optimizer.arrivals.setdefault(vm, (destination.pid, destination.vcpu_threads()))
-    token = new_token()
-    port = port or free_port(host)
-    uri = f"tcp:{host}:{port}"
-    with ProfileReceiver(token, callback=optimizer.on_profile) as receiver:
-        source.qmp.execute(
-            "migrate-set-capabilities",
-            {"capabilities": [{"capability": "pause-before-switchover", "state": True}]},
-        )
-        destination.qmp.execute("migrate-incoming", {"uri": uri})
-        timeline.start()
-        source.qmp.execute("migrate", {"uri": uri})
-        timeline.add("migration_start")
-        sender = threading.Thread(
-            target=send_profile, args=(receiver.address, token, vm, profile), name="transferer", daemon=True
-        )
-        sender.start()
-        info = _follow(source, optimizer, timeline, timeout_s, layout_timeout_s)
-        sender.join(timeout=10)
-        destination_status = _wait_running(destination, timeline, deadline=time.monotonic() + 30)
-    if optimizer.error is not None:
-        raise MigrationError(f"the destination's layout failed: {optimizer.error}") from optimizer.error
+    timeline.start()
+    timeline.add("migration_start")
+    nodes = None
+    if mode == "proposal":
+        assert profile is not None
+        token = new_token()
+        with ProfileReceiver(token, callback=optimizer.on_profile) as receiver:
+            # The receiver answers once the callback has planned: the destination knows where the
+            # arriving RAM goes before it starts.
+            send_profile(receiver.address, token, vm, profile)
+        if optimizer.error is not None:
+            raise MigrationError(f"the destination's plan failed: {optimizer.error}") from optimizer.error
+        nodes = None if optimizer.dry_run else optimizer.memory_nodes(vm)
+    incoming = destination.start(nodes)
+    timeline.add("destination_started")
+    try:
+        if nodes is not None:
+            optimizer.record(
+                [Action(vm, "bind_ram", {"pid": incoming.pid, "nodes": list(nodes), "policy": "bind"})]
+            )
+        if mode == "proposal":
+            optimizer.place_arrival(vm, incoming.pid, incoming.vcpu_threads())
+        info = _transfer(source, incoming, optimizer, mode, host, port, timeout_s, layout_timeout_s,
+                         bandwidth_mibs, downtime_limit_ms)  # fmt: skip
+        destination_status = _wait_running(incoming, timeline, deadline=time.monotonic() + 30)
+        if optimizer.error is not None:
+            raise MigrationError(f"the destination's layout failed: {optimizer.error}") from optimizer.error
+        if mode == "reactive":
+            optimizer.watch_arrival(vm, incoming.pid, incoming.vcpu_threads(), memory_bytes)
+            if wait_reactive_s is not None and optimizer.wait_reactive(wait_reactive_s) and optimizer.error:
+                raise MigrationError(
+                    f"the reactive re-plan failed: {optimizer.error}{_gone(incoming)}"
+                ) from optimizer.error
+    except BaseException:
+        optimizer.stop()
+        incoming.stop()
+        raise
     return MigrationResult(
         vm=vm,
+        policy=optimizer.policy,
+        mode=mode,
         timeline=timeline.events(),
         status=info["status"],
         destination_status=destination_status,
         total_time_ms=info.get("total-time"),
         downtime_ms=info.get("downtime"),
         ram_transferred_bytes=info.get("ram", {}).get("transferred"),
+        ram_nodes=nodes,
         placement=optimizer.placement,
-        actions=optimizer.actions,
-        profile_source=profile.source,
+        actions=list(optimizer.actions),
+        profile_source=profile.source if profile is not None and mode == "proposal" else None,
+        destination=incoming,
     )
 
 
-def _follow(
-    source: QemuProcess, optimizer: Optimizer, timeline: Timeline, timeout_s: float, layout_timeout_s: float
+def _gone(qemu: QemuProcess) -> str:
+    """Why a QEMU's threads may be missing: it has exited (its guest's last console lines say why)."""
+    if qemu.alive():
+        return ""
+    return f"\n{qemu.name} has exited; its console ends:\n{qemu.console()[-2000:]}"
+
+
+def _transfer(
+    source: QemuProcess,
+    incoming: QemuProcess,
+    optimizer: Optimizer,
+    mode: Mode,
+    host: str,
+    port: int | None,
+    timeout_s: float,
+    layout_timeout_s: float,
+    bandwidth_mibs: float | None,
+    downtime_limit_ms: int | None,
 ) -> dict[str, Any]:
+    uri = f"tcp:{host}:{port or free_port(host)}"
+    # Only the proposal holds the switch-over (for its layout): the baselines migrate as QEMU does.
+    source.qmp.execute(
+        "migrate-set-capabilities",
+        {"capabilities": [{"capability": "pause-before-switchover", "state": mode == "proposal"}]},
+    )
+    parameters: dict[str, Any] = {}
+    if bandwidth_mibs is not None:
+        parameters["max-bandwidth"] = int(bandwidth_mibs * (1 << 20))
+    if downtime_limit_ms is not None:
+        parameters["downtime-limit"] = int(downtime_limit_ms)
+    if parameters:
+        source.qmp.execute("migrate-set-parameters", parameters)
+    incoming.qmp.execute("migrate-incoming", {"uri": uri})
+    source.qmp.execute("migrate", {"uri": uri})
+    optimizer.timeline.add("ram_transfer_start")
+    return _follow(source, optimizer, timeout_s, layout_timeout_s)
+
+
+def _follow(
+    source: QemuProcess, optimizer: Optimizer, timeout_s: float, layout_timeout_s: float
+) -> dict[str, Any]:
+    timeline = optimizer.timeline
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         info = source.qmp.execute("query-migrate")
@@ -304,6 +605,11 @@ def _follow(
             if not optimizer.applied.wait(layout_timeout_s):
                 source.qmp.execute("migrate_cancel")
                 raise MigrationError(f"the destination applied no layout within {layout_timeout_s:g} s")
+            if optimizer.error is not None:
+                source.qmp.execute("migrate_cancel")
+                raise MigrationError(
+                    f"the destination's layout failed: {optimizer.error}"
+                ) from optimizer.error
             source.qmp.execute("migrate-continue", {"state": "pre-switchover"})
             timeline.add("switchover")
         elif status == "completed":

@@ -350,6 +350,7 @@ class Monitor:
         self.keep = keep
         self._targets: dict[str, Target] = {}
         self._samples: dict[str, deque[Sample]] = {}
+        self._pids: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -359,11 +360,16 @@ class Monitor:
     # -- registration (the paper's Register_vcpu_id set=1 / set=0) ----------------------------------
 
     def register(self, vm: str, pid: int, tids: Iterable[int] = (), memory_bytes: int | None = None) -> None:
+        """Start monitoring ``vm`` (QEMU ``pid``, vCPU threads ``tids``), or add threads to it. A VM
+        registered again with another process (it has migrated here) starts a new series: what was
+        seen of the other process says nothing of this one."""
         with self._lock:
             target = self._targets.get(vm)
             if target is None or target.pid != pid:
                 self._targets[vm] = Target(vm, pid, sorted(set(tids)), memory_bytes)
-                self._samples.setdefault(vm, deque(maxlen=self.keep))
+                if self._pids.get(vm) != pid:
+                    self._samples[vm] = deque(maxlen=self.keep)
+                self._pids[vm] = pid
             else:
                 target.tids = sorted({*target.tids, *tids})
                 target.memory_bytes = memory_bytes if memory_bytes is not None else target.memory_bytes

@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from virtlab.numa import figures
 from virtlab.numa.placement import EPS_MIB, Placement, VmPlacement, diff, moved_mib
 from virtlab.numa.policies import POLICIES, Policy
 from virtlab.numa.profile import VmProfile, synthetic_profile
@@ -91,6 +92,8 @@ MALLOC_ACCESS = Workload("malloc_access", misses_per_10k=1000.0, bandwidth_mbs=7
 CUBIC_CALC = Workload(
     "cubic_calc", misses_per_10k=1.0, bandwidth_mbs=20.0, base_ops_s=15.2e6, llc_sensitivity=1.0
 )
+MODELS: dict[str, Workload] = {w.name: w for w in (MALLOC_ACCESS, CUBIC_CALC)}
+"""The model of each workload kind the simulator knows (``virtlab.workloads`` kinds)."""
 
 
 @dataclass(frozen=True)
@@ -252,13 +255,15 @@ class _Timeline:
 
 @dataclass(frozen=True)
 class CaseSetup:
-    """One case of the paper: a 2-node destination host, its residents, the migrated VM and a policy."""
+    """One case of the paper: a destination host (2 nodes in the paper's cases), its residents, the
+    migrated VM and a policy."""
 
     name: str
     policy: str
     migrated: Workload
     residents: tuple[tuple[str, Workload, int], ...]  # (name, workload, node)
-    free_gib: tuple[float, float]
+    free_gib: tuple[float, ...]
+    """Free memory of each node of the destination before the arrival: its memory pressure."""
     paper_degradation_pct: float | None = None
     paper_recovery_s: float | None = None
     paper_resident_change_pct: float | None = None
@@ -309,27 +314,23 @@ class CaseResult:
         return "migrated"
 
     def _mean(self, mode: str, vm: str, lo: float, hi: float) -> float:
-        sel = (self.times_s >= lo) & (self.times_s < hi)
-        return float(self.series[mode][vm][sel].mean())
+        mean = figures.window_mean(self.times_s, self.series[mode][vm], lo, hi)
+        return float("nan") if mean is None else mean
 
     def degradation_pct(self, mode: str) -> float:
         """Migrated VM: mean ops/s from arrival to the end against before the migration, in %."""
-        before = self._mean(mode, self.migrated, 0, self.migration_start_s)
-        after = self._mean(mode, self.migrated, self.arrival_s, np.inf)
-        return 100.0 * (after / before - 1.0)
+        s = self.series[mode][self.migrated]
+        return _nan(figures.degradation_pct(self.times_s, s, self.migration_start_s, self.arrival_s))
 
     def dip_pct(self, mode: str) -> float:
         """Migrated VM: its first second on the destination against before the migration, in %."""
-        before = self._mean(mode, self.migrated, 0, self.migration_start_s)
-        first = self._mean(mode, self.migrated, self.arrival_s, self.arrival_s + 1)
-        return 100.0 * (first / before - 1.0)
+        s = self.series[mode][self.migrated]
+        return _nan(figures.dip_pct(self.times_s, s, self.migration_start_s, self.arrival_s))
 
-    def recovery_s(self, mode: str = "reactive", tolerance: float = 0.05) -> float:
+    def recovery_s(self, mode: str = "reactive", tolerance: float = figures.TOLERANCE) -> float:
         """Seconds from arrival until the migrated VM is within ``tolerance`` of where it ends up."""
         s = self.series[mode][self.migrated]
-        final = s[-10:].mean()
-        after = np.flatnonzero((self.times_s >= self.arrival_s) & (s >= (1 - tolerance) * final))
-        return float(self.times_s[after[0]] - self.arrival_s) if len(after) else float("nan")
+        return _nan(figures.recovery_s(self.times_s, s, self.arrival_s, tolerance))
 
     def resident_change_pct(self, mode: str, against: str = "default") -> float:
         """The most-affected resident: mean ops/s after arrival under ``mode`` against ``against``."""
@@ -389,7 +390,7 @@ def case_study(
     model = model or Model()
     policy_name = policy or setup.policy
     topo = Topology.symmetric(
-        2,
+        len(setup.free_gib),
         cpus_per_node=setup.cpus_per_node,
         memory_per_node_mib=setup.node_gib * GIB,
         free_mib=[f * GIB for f in setup.free_gib],
@@ -446,6 +447,10 @@ def case_study(
         series[mode] = {vm: out[:, i] for i, vm in enumerate(names)}
         series[mode]["migrated"] = series[mode]["migrated"] + source
     return CaseResult(setup, times - 0.5, series, migration_start_s, arrival, moved)
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def _profile(vm: str, w: Workload, memory_mib: float, start_s: float = 0.0, samples: int = 10) -> VmProfile:

@@ -22,6 +22,7 @@ from typing import Any
 from virtlab.numa.profile import VmProfile
 
 MAX_LINE = 16 << 20
+_POLL_S = 0.02
 Address = tuple[str, int]
 
 
@@ -70,8 +71,9 @@ class ProfileReceiver:
         self.refused: list[str] = []
         self._server = _Server((host, port), _Handler)
         self._server.owner = self
+        # A short poll: close() waits for the loop to notice, and a migration's start waits for close().
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="profile-receiver", daemon=True
+            target=self._server.serve_forever, args=(_POLL_S,), name="profile-receiver", daemon=True
         )
         self._thread.start()
 

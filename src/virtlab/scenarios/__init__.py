@@ -71,6 +71,8 @@ class Scenario(ABC):
 
 SCENARIOS: Registry[type[Scenario]] = Registry("scenario", entry_point_group="virtlab.scenarios")
 SCENARIOS.add_lazy("priority", "virtlab.scenarios.priority:PriorityScenario")
+SCENARIOS.add_lazy("migration_layout", "virtlab.scenarios.migration_layout:MigrationLayoutScenario")
+SCENARIOS.add_lazy("consolidation", "virtlab.scenarios.consolidation:ConsolidationScenario")
 
 
 def register_scenario(cls: type[Scenario]) -> type[Scenario]:

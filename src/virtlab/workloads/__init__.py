@@ -8,6 +8,7 @@ __all__ = ["WORKLOADS", "Workload", "WorkloadParams", "register_workload"]
 from virtlab.workloads import (  # noqa: E402, F401
     blast,
     cubic_calc,
+    database,
     dd,
     fio,
     fio_latency,
@@ -24,4 +25,5 @@ from virtlab.workloads import (  # noqa: E402, F401
     primes,
     scp,
     stream,
+    web,
 )

@@ -1,0 +1,313 @@
+"""The web and database workloads through virtlab against the same servers and clients run by hand,
+same arguments, same run (issue 7: wrk against nginx, pgbench against PostgreSQL).
+
+For each, ``--rounds`` alternating rounds, native, over loopback: a one-trial virtlab study (the whole
+runner: the servers' files placed, their set-up, nginx and fcgiwrap or PostgreSQL started as their
+users, the clients' retries while the servers come up, the servers stopped, everything removed, the
+output parsed and stored), then by hand: the same files and the same server command lines started
+with ``subprocess``, and the clients (two wrk at once with virtlab's Lua script; pgbench -i,
+CHECKPOINT, pgbench) with the arguments virtlab gives them, taken from the workload's own client
+command so that the two sides cannot drift apart. Figures are the tools' own (wrk's Requests/sec of
+both clients added, pgbench's tps without connection time). The best of each side is reported, as
+the other benches do, with the ratio virtlab / by hand (target: at least 0.95) and the median of the
+rounds' own ratios.
+
+``bench/run.sh`` runs it after run_bench.py; run alone (``python bench/apps_bench.py``) it rewrites
+only its own part of bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from virtlab.build import build_kernels
+from virtlab.metadata import collect_host_metadata
+from virtlab.plan import parse_plan
+from virtlab.progress import SilentProgress
+from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.workloads.database import Database
+from virtlab.workloads.web import Web
+
+BENCH_README = Path(__file__).with_name("README.md")
+MARK_END = "<!-- results:end -->"
+APPS_BEGIN, APPS_END = "<!-- apps:begin -->", "<!-- apps:end -->"
+TARGET = 0.95
+LOOPBACK = "127.0.0.1"
+WEB = 'kind = "web"\nduration_s = {duration}'
+DATABASE = 'kind = "database"\nduration_s = {duration}'
+
+PLAN = """
+[study]
+name = "apps-bench"
+trials = 1
+warmups = 0
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[workload]]
+name = "w"
+{workload}
+"""
+
+
+def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
+    """One trial of a one-workload study on the native environment: metric -> figure."""
+    plan = parse_plan(PLAN.format(workload=workload_toml), "apps-bench")
+    out = Path(tempfile.mkdtemp(dir=scratch, prefix="study-"))
+    store = open_study(plan, out / "out", resume=False)
+    try:
+        outcome = StudyRunner(plan, out / "out", store, preflight(plan), SilentProgress()).run()
+    finally:
+        store.close()
+    results = json.loads((out / "out" / "results.json").read_text())
+    shutil.rmtree(out)
+    if outcome.exit_code != 0:
+        raise RuntimeError(f"virtlab's trial failed: {results['failures']}")
+    return {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
+
+
+def workload_of(workload_toml: str) -> Any:
+    return parse_plan(PLAN.format(workload=workload_toml), "apps-bench").workloads[0].workload
+
+
+# --------------------------------------------------------------------------
+# by hand
+# --------------------------------------------------------------------------
+
+
+def place(files: dict[str, bytes]) -> None:
+    """A side's files where virtlab puts them (relative to the working directory), mode 0600."""
+    for path, content in files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(content)
+        Path(path).chmod(0o600)
+
+
+def wait_for_port(port: int, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((LOOPBACK, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Servers:
+    """The workload's server command lines started as plain processes, each in its own session."""
+
+    def __init__(self, argvs: list[list[str]]) -> None:
+        self.log = tempfile.TemporaryFile()  # a file, not a pipe nobody reads that could fill up
+        self.processes = [
+            subprocess.Popen(argv, start_new_session=True, stdout=self.log, stderr=self.log) for argv in argvs
+        ]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.log.close()
+
+
+def by_hand(workload: Any, client: Callable[[Any, list[str]], dict[str, float]]) -> dict[str, float]:
+    """The server side set up and started as virtlab would, the client run by ``client`` with the
+    workload's own client arguments, everything removed afterwards."""
+    bin_dir = str(build_kernels().bin_dir)
+    place(workload.files("server"))
+    place(workload.files("client"))
+    try:
+        for argv in workload.setup_commands("server"):
+            subprocess.run(argv, check=True, capture_output=True, timeout=300)
+        servers = Servers(workload.server_commands(bin_dir, 0, bind=LOOPBACK))
+        try:
+            return client(workload, workload.client_command(bin_dir, LOOPBACK, 0)[4:])
+        finally:
+            servers.stop()
+    finally:
+        for role in ("server", "client"):
+            for argv in workload.cleanup_commands(role):
+                subprocess.run(argv, check=True, timeout=300)
+
+
+def wrk_clients(workload: Web, args: list[str]) -> dict[str, float]:
+    """Both wrk clients at once, as virtlab's client script runs them (its positional arguments:
+    the Lua script, the address, then port, connections, threads and CGI % for HTTP and for HTTPS,
+    duration, request timeout, page bytes, the CGI's answer, seed, rounds)."""
+    lua, address = args[0], args[1]
+    duration, timeout, page, answer, seed, rounds = args[10:16]
+    wait_for_port(int(args[2]))
+    with tempfile.TemporaryDirectory(dir=Path.cwd(), prefix="by-hand-") as where:
+        Path(where, "mix.lua").write_text(lua)
+        runs = []
+        for scheme, (port, connections, threads, cgi) in (("http", args[2:6]), ("https", args[6:10])):
+            if connections == "0":
+                continue
+            argv = ["wrk", "-t", threads, "-c", connections, "-d", f"{duration}s", "--latency", "--timeout",
+                    f"{timeout}s", "-s", f"{where}/mix.lua", f"{scheme}://{address}:{port}/", "--", cgi, page,
+                    answer, seed, rounds]  # fmt: skip
+            runs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+        rate = 0.0
+        for run in runs:
+            out, _ = run.communicate(timeout=int(duration) + 120)
+            if run.returncode != 0:
+                raise RuntimeError(f"wrk by hand failed:\n{out}")
+            rate += float(re.search(r"^Requests/sec:\s+([\d.]+)", out, re.M).group(1))
+    return {"requests_per_s": rate}
+
+
+def pgbench_client(workload: Database, args: list[str]) -> dict[str, float]:
+    """pgbench -i, CHECKPOINT and pgbench as virtlab's client script runs them (its positional
+    arguments: directory, address, port, scale, clients, jobs, duration, builtin, query mode)."""
+    where, address, port, scale, clients, jobs, duration, builtin, mode = args
+    env = {**os.environ, "PGPASSFILE": f"{os.getcwd()}/{where}/pgpass", "PGHOST": address, "PGPORT": port,
+           "PGUSER": "postgres", "PGDATABASE": "postgres"}  # fmt: skip
+    # as virtlab's client tries again while the server starts: until it accepts sessions
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pg_isready", "-q", "-h", address, "-p", port], env=env).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("PostgreSQL by hand did not accept sessions in 60 s")
+        time.sleep(0.05)
+    for argv in (["pgbench", "-i", "-I", "tGvp", "-s", scale], ["psql", "-X", "-q", "-c", "CHECKPOINT"]):
+        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
+    argv = ["pgbench", "-b", builtin, "-M", mode, "-c", clients, "-j", jobs, "-T", duration, "-P", "1"]
+    done = subprocess.run(
+        argv, env=env, check=True, capture_output=True, text=True, timeout=int(duration) + 120
+    )
+    tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)$", done.stdout, re.M)
+    return {"tps": float(tps.group(1))}
+
+
+# --------------------------------------------------------------------------
+# the comparisons
+# --------------------------------------------------------------------------
+
+
+def compare(
+    rounds: int,
+    workload_toml: str,
+    client: Callable[[Any, list[str]], dict[str, float]],
+    metric: str,
+    scratch: Path,
+) -> tuple[list[float], list[float]]:
+    """The figure through virtlab and by hand, round by round (which goes first alternates)."""
+    workload = workload_of(workload_toml)
+    ours: list[float] = []
+    theirs: list[float] = []
+    for index in range(rounds):
+        sides = [
+            (ours, lambda: through_virtlab(workload_toml, scratch)),
+            (theirs, lambda: by_hand(workload, client)),
+        ]
+        for side, measure in sides if index % 2 == 0 else reversed(sides):
+            side.append(measure()[metric])
+    return ours, theirs
+
+
+def apps_rows(rounds: int, duration: int, scratch: Path) -> list[tuple[str, str, list[float], list[float]]]:
+    web_toml, db_toml = WEB.format(duration=duration), DATABASE.format(duration=duration)
+    web, db = workload_of(web_toml), workload_of(db_toml)
+    http, https = web.params.split()
+    return [
+        (
+            f"web STD-CGI, wrk {http} HTTP + {https} HTTPS connections, {duration} s: requests/s",
+            "req/s",
+            *compare(rounds, web_toml, wrk_clients, "requests_per_s", scratch),
+        ),
+        (
+            f"database pgbench tpcb-like, scale {db.params.scale}, {db.params.clients} clients, "
+            f"{duration} s: tps",
+            "tx/s",
+            *compare(rounds, db_toml, pgbench_client, "tps", scratch),
+        ),
+    ]
+
+
+def apps_table(rounds: int = 3, duration: int = 10) -> str:
+    build_kernels()
+    here = Path.cwd()
+    # Both sides work in the same directory, as virtlab's native environment does in its own.
+    with tempfile.TemporaryDirectory(dir=here, prefix=".apps-bench-") as scratch:
+        os.chmod(scratch, 0o755)  # so that www-data and postgres may enter it, as in a normal study
+        os.chdir(scratch)
+        try:
+            rows = apps_rows(rounds, duration, Path(scratch))
+        finally:
+            os.chdir(here)
+    lines = [
+        f"{rounds} rounds, each a one-trial virtlab study and the same servers and clients by hand with the "
+        "same arguments (which goes first alternates), native, over loopback. The ratio of the best figures "
+        f"of each side is judged against the target (at least {TARGET}); the median of the rounds' own "
+        "ratios shows how noisy the pairing is.",
+        "",
+        "| workload: figure | unit | through virtlab (best) | by hand (best) | ratio | median ratio "
+        "| target |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, unit, ours, theirs in rows:
+        ratio = max(ours) / max(theirs)
+        paired = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+        met = "met" if ratio >= TARGET else "not met"
+        best = f"{max(ours):,.1f} | {max(theirs):,.1f}"
+        lines.append(f"| {name} | {unit} | {best} | {ratio:.3f} | {paired:.3f} | {met} |")
+    return "\n".join(lines)
+
+
+def section(rounds: int, duration: int, stamp: str = "") -> str:
+    """The part of bench/README.md this bench owns, between its own markers."""
+    lead = f"{stamp} " if stamp else ""
+    heading = "### Web and database servers: through virtlab vs by hand"
+    return f"{APPS_BEGIN}\n{heading}\n\n{lead}{apps_table(rounds, duration)}\n{APPS_END}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=10, help="seconds of load per run")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("apps_bench: run as root (the servers run as www-data and postgres)")
+    host = collect_host_metadata()
+    stamp = (
+        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {host.get('cpu_model')} "
+        f"({host.get('cores')} cores, kernel {platform.release()})."
+    )
+    part = section(args.rounds, args.duration, stamp)
+    text = BENCH_README.read_text()
+    if APPS_BEGIN in text:
+        start, end = text.index(APPS_BEGIN), text.index(APPS_END) + len(APPS_END)
+        text = text[:start] + part + text[end:]
+    else:
+        end = text.index(MARK_END)
+        text = text[:end] + part + "\n\n" + text[end:]
+    BENCH_README.write_text(text)
+    print(part)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The consolidation scenario (seed 001's vServCon tiles): the section built from fixed runs, bad
+plans refused before anything runs, and the shipped plan run for real with runc containers at
+reduced size through the CLI (references, 1 and 2 tiles of web + database + java + idle)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from marks import needs_runc
+from virtlab.export.consolidation import build_section, render_consolidation_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "src" / "virtlab" / "plans" / "consolidation.toml"
+
+
+def instance(tile, role, value, better="higher", error=None):
+    metric = {"web": "requests_per_s", "database": "tps", "java": "ops_per_s"}.get(role)
+    return {"cell": f"x/{tile}/{role}", "tile": tile, "role": role, "workload": role, "metric": metric,
+            "value": value, "better": better, "status": "failed" if error else "ok", "error": error,
+            "phase": "run", "elapsed_s": 1.0}  # fmt: skip
+
+
+def fixed_runs() -> list[dict]:
+    reference = {"run": "reference", "tiles": None, "status": "ok", "power_plan": {"governor": None},
+                 "instances": [instance(None, "web", 100.0), instance(None, "database", 50.0),
+                               instance(None, "java", 1000.0)]}  # fmt: skip
+    one = {"run": "tiles1", "tiles": 1, "status": "ok", "energy": {"seconds": 4.0, "missing": "no RAPL"},
+           "instances": [instance(1, "web", 100.0), instance(1, "database", 25.0),
+                         instance(1, "java", 2000.0), instance(1, "idle", None)]}  # fmt: skip
+    two = {"run": "tiles2", "tiles": 2, "status": "failed", "energy": None,
+           "instances": [instance(1, "web", 50.0), instance(1, "database", 25.0), instance(1, "java", 500.0),
+                         instance(2, "web", 50.0), instance(2, "database", None, error="boom"),
+                         instance(2, "java", 500.0)]}  # fmt: skip
+    return [reference, one, two]
+
+
+def test_section_from_fixed_runs():
+    section = build_section({"tiles": [1, 2], "duration_s": 4, "knee_threshold": 0.1}, {"kind": "container",
+                            "options": {}}, fixed_runs())  # fmt: skip
+    assert {role: ref["value"] for role, ref in section["references"].items()} == {
+        "web": 100.0,
+        "database": 50.0,
+        "java": 1000.0,
+    }
+    one, two = section["tile_counts"]
+    # web 1.0, database 0.5, java 2.0: geometric mean 1.0
+    assert one["total"] == pytest.approx(1.0) and one["tile_scores"]["1"] == pytest.approx(1.0)
+    assert one["fairness"] == {"web": None, "database": None, "java": None}
+    assert one["energy"]["missing"] == "no RAPL" and one["score_per_watt"] is None
+    # a failed instance: its tile and the total are missing, never zero; the lower bound is tile 1's
+    assert two["total"] is None and two["tile_scores"]["2"] is None
+    assert two["partial_total"] == pytest.approx((0.5 * 0.5 * 0.5) ** (1 / 3))
+    assert two["fairness"]["web"] == pytest.approx(1.0) and two["fairness"]["database"] is None
+    assert any("boom" in error for error in two["errors"])
+    assert section["knee"] is None  # only one tile count has a total
+    text = render_consolidation_markdown({"study": {"name": "fixed"}, "scenario": section})
+    assert "| 1 | 1 | database | 25.0 | 0.500 |" in text and "at least 0.500" in text
+    assert "no energy figure: no RAPL" in text
+
+
+def virtlab_run(plan: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ('kind = "idle"\ninterval_ms = 100', 'kind = "pi"', "one workload of each kind"),
+        ('network = "bridge"', 'network = "none"', 'network = "bridge"'),
+        ("tiles = [1, 2]", "tiles = [1, 1]", "given twice"),
+        ("scale = 1", "scale = 1\nduration_s = 3", "the same window"),
+    ],
+)
+def test_bad_plans_are_refused_before_running(tmp_path, old, new, message):
+    text = PLAN.read_text()
+    assert old in text
+    plan = tmp_path / "bad.toml"
+    plan.write_text(text.replace(old, new, 1))
+    result = virtlab_run(plan, tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@needs_runc
+def test_consolidation_plan_with_containers(tmp_path):
+    text = PLAN.read_text().replace("duration_s = 3", "duration_s = 2")
+    plan = tmp_path / "consolidation.toml"
+    plan.write_text(text)
+    out = tmp_path / "out"
+    result = virtlab_run(plan, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    section = json.loads((out / "results.json").read_text())["scenario"]
+    for role, metric in (("web", "requests_per_s"), ("database", "tps"), ("java", "ops_per_s")):
+        reference = section["references"][role]
+        assert reference["metric"] == metric and reference["value"] > 0, reference
+    counts = {count["tiles"]: count for count in section["tile_counts"]}
+    assert sorted(counts) == [1, 2]
+    for n, count in counts.items():
+        assert count["status"] == "ok" and not count["missing"] and not count["errors"]
+        assert sorted(count["tile_scores"]) == [str(t) for t in range(1, n + 1)]
+        for tile, tile_score in count["tile_scores"].items():
+            scores = count["scores"][tile]
+            assert sorted(scores) == ["database", "java", "web"] and all(s > 0 for s in scores.values())
+            assert tile_score == pytest.approx(math.prod(scores.values()) ** (1 / 3))
+            for role, score in scores.items():
+                figure = count["figures"][tile][role]
+                assert score == pytest.approx(figure / section["references"][role]["value"])
+        assert count["total"] == pytest.approx(sum(count["tile_scores"].values()))
+        # energy: a figure where RAPL exists, else the reason (never a number made up)
+        assert (count["energy"]["joules"] is None) == (count["energy"]["missing"] is not None)
+    assert all(value is None for value in counts[1]["fairness"].values())
+    for role, index in counts[2]["fairness"].items():
+        assert 0.5 <= index <= 1.0, (role, index)
+    report = (out / "report.md").read_text()
+    titles = ["References", "Total score per tile count", "Tile scores", "Per-workload breakdown",
+              "Fairness (Jain's index per workload)", "Energy"]  # fmt: skip
+    for title in titles:
+        assert f"## {title}" in report
+    assert f"| 2 | {counts[2]['total']:.3f} | 0 |" in report
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "total score" in html
