@@ -161,9 +161,8 @@ def check(results: dict[str, Any], report: str) -> None:
     scp = section(report, "scp, MB/s (seed 000 Table 16)")
     for cipher in ("aes128-ctr", "chacha20-poly1305@openssh.com"):
         assert all(is_figure(c) for c in row(scp, f"{cipher} · overall"))
-        # scp's meter speaks once a second: an 8 MB copy may be over before it does (not under TCG)
+        # scp's meter speaks once a second: an 8 MB copy may be over before it does, in any environment
         at_half = dict(zip(ENVS, row(scp, f"{cipher} · at 50% of the transfer"), strict=True))
-        assert is_figure(at_half["kvm"])
         for env, text in at_half.items():
             assert is_figure(text) or f"no result for scp-{cipher.split('@')[0]} in {env}" in scp
     assert not any(is_figure(c) for c in row(scp, "arcfour128 · overall"))
