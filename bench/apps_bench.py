@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import statistics
@@ -36,11 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from io_bench import through_virtlab, workload_of  # the same one-trial study on native
+
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
-from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
 from virtlab.workloads.database import Database
 from virtlab.workloads.web import Web
 
@@ -51,42 +48,6 @@ TARGET = 0.95
 LOOPBACK = "127.0.0.1"
 WEB = 'kind = "web"\nduration_s = {duration}'
 DATABASE = 'kind = "database"\nduration_s = {duration}'
-
-PLAN = """
-[study]
-name = "apps-bench"
-trials = 1
-warmups = 0
-
-[[environment]]
-name = "native"
-kind = "native"
-
-[[workload]]
-name = "w"
-{workload}
-"""
-
-
-def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
-    """One trial of a one-workload study on the native environment: metric -> figure."""
-    plan = parse_plan(PLAN.format(workload=workload_toml), "apps-bench")
-    out = Path(tempfile.mkdtemp(dir=scratch, prefix="study-"))
-    store = open_study(plan, out / "out", resume=False)
-    try:
-        outcome = StudyRunner(plan, out / "out", store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
-    results = json.loads((out / "out" / "results.json").read_text())
-    shutil.rmtree(out)
-    if outcome.exit_code != 0:
-        raise RuntimeError(f"virtlab's trial failed: {results['failures']}")
-    return {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
-
-
-def workload_of(workload_toml: str) -> Any:
-    return parse_plan(PLAN.format(workload=workload_toml), "apps-bench").workloads[0].workload
-
 
 # --------------------------------------------------------------------------
 # by hand

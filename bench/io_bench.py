@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
     finally:
         store.close()
     results = json.loads((out / "out" / "results.json").read_text())
+    shutil.rmtree(out)
     if outcome.exit_code != 0:
         raise RuntimeError(f"virtlab's trial failed: {results['failures']}")
     return {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
