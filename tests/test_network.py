@@ -183,3 +183,22 @@ def test_addresses_come_from_the_network_subnet_in_order():
         net._address("198.18.5.255")
     with pytest.raises(NetworkError, match="bad interface name"):
         network._check_ifname("a-name-longer-than-15")
+
+
+def test_a_freed_address_is_handed_out_again_only_after_the_others():
+    """A new server on a just-freed address would be unreachable while its peers still hold the
+    old MAC; and two VMs asking at once must not get the same address."""
+    net = VirtualNetwork("t", ipaddress.IPv4Network("198.18.5.0/29"))  # hosts .1 .. .6
+    first, second = net.next_address(), net.next_address()
+    assert (str(first), str(second)) == ("198.18.5.1/29", "198.18.5.2/29")
+    # .1 stays in use; .3 .. .6 are handed out in turn, then the round wraps past the one in use
+    net.attachments.append(network.Attachment("p1", "eth0", None, first, 1500))
+    handed = [str(net.next_address().ip) for _ in range(5)]
+    assert handed == ["198.18.5.3", "198.18.5.4", "198.18.5.5", "198.18.5.6", "198.18.5.2"]
+    net.attachments.clear()
+    net.attachments += [
+        network.Attachment(f"p{n}", "eth0", None, ipaddress.IPv4Interface(f"198.18.5.{n}/29"), 1500)
+        for n in range(1, 7)
+    ]
+    with pytest.raises(NetworkError, match="no free address"):
+        net.next_address()

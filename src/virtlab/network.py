@@ -83,6 +83,7 @@ class VirtualNetwork:
     mtu: int = DEFAULT_MTU
     attachments: list[Attachment] = field(default_factory=list)
     _next_port: int = 1
+    _last_address: ipaddress.IPv4Address | None = None
     _users: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -176,6 +177,7 @@ class VirtualNetwork:
             attachment = Attachment(port, ifname, target, interface, mtu)
             self.attachments.append(attachment)
             self._save()
+        self._forget_neighbour(interface.ip)
         peer_ns = str(os.getpid()) if target is None else str(target)
         _ip(["-n", self.netns, "link", "add", port, "mtu", str(mtu), "master", BRIDGE, "up",
              "type", "veth", "peer", "name", ifname, "mtu", str(mtu), "netns", peer_ns])  # fmt: skip
@@ -212,12 +214,21 @@ class VirtualNetwork:
                 self._save()
 
     def next_address(self) -> ipaddress.IPv4Interface:
-        """The address the next attachment would get (for a VM configuring its own interface)."""
+        """A free address for a port attached later (a VM configures its own interface, then its tap
+        is attached). It is handed out here: the next call gives another one, even before that
+        port exists, so that VMs started at once never share one."""
         with self._lock:
-            return self._address(None)
+            interface = self._address(None)
+        self._forget_neighbour(interface.ip)
+        return interface
 
     # -- internals -------------------------------------------------------------------------
     def _address(self, wanted: str | None) -> ipaddress.IPv4Interface:
+        """``wanted``, or the first free address after the last one handed out (wrapping round). A
+        freed address is not handed out again until the others have been: the peers of the port
+        that had it keep its old MAC in their neighbour tables, marked reachable, for up to 45 s
+        (seen here: a new server on a reused address unreachable long enough for pgbench's 30 s
+        connection timeout), as a DHCP server avoids for the same reason."""
         used = {a.address.ip for a in self.attachments if a.address is not None}
         if wanted is not None:
             ip = ipaddress.IPv4Interface(wanted).ip
@@ -226,10 +237,21 @@ class VirtualNetwork:
             if ip in used:
                 raise NetworkError(f"address {ip} is already attached to {self.netns}")
             return ipaddress.IPv4Interface(f"{ip}/{self.subnet.prefixlen}")
-        for host in self.subnet.hosts():
+        hosts = list(self.subnet.hosts())
+        start = 0 if self._last_address is None else hosts.index(self._last_address) + 1
+        for host in hosts[start:] + hosts[:start]:
             if host not in used:
+                self._last_address = host
                 return ipaddress.IPv4Interface(f"{host}/{self.subnet.prefixlen}")
         raise NetworkError(f"no free address left in {self.subnet}")
+
+    def _forget_neighbour(self, ip: ipaddress.IPv4Address) -> None:
+        """Drops this process's neighbour entry for ``ip`` (it may name the MAC of the port that had
+        the address before): the round-robin above makes reuse rare, this makes it harmless here."""
+        with self._lock:
+            joined = any(a.target is None for a in self.attachments)
+        if joined:
+            _ip(["neigh", "flush", "to", str(ip)], check=False)
 
     def _root_links(self) -> list[str]:
         return [a.ifname for a in self.attachments if a.target is None]
