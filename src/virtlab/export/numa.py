@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import matplotlib
-from markupsafe import Markup
 from matplotlib.ticker import FuncFormatter
 
 from virtlab.export.charts import _GRID, _RC, _TEXT, Chart, _figure, _tick, _to_svg, plain
-from virtlab.export.html import column_class
-from virtlab.export.markdown import _failure, escape, render_table
-from virtlab.export.tables import MISSING, Cell, Table, build_report, note_mark
-from virtlab.export.tabular import _write_atomic
+from virtlab.export.scenario_report import (
+    ScenarioReport,
+    render_html,
+    render_markdown,
+    scenario_report,
+    write_reports,
+)
+from virtlab.export.tables import MISSING, Cell, Table
 from virtlab.numa import figures
 
 MODES = ("proposal", "reactive", "default")
@@ -413,69 +414,34 @@ def facts(results: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     )
 
 
-def render_migration_layout_markdown(results: Mapping[str, Any]) -> str:
+def migration_layout_report(results: Mapping[str, Any]) -> ScenarioReport:
     section = results["scenario"]
     tables = _tables(section)
-    report = build_report(results)
-    title = f"virtlab migration-layout study: {(results.get('study') or {}).get('name')}"
-    parts = [f"# {escape(title)}", escape(_summary_line(results)), "## Notes"]
-    parts += [f"- {escape(note)}" for note in notes_list(section)]
-    for table in tables.values():
-        parts += [f"## {escape(table.title)}", escape(table.caption)]
-        if table.rows:
-            parts.append(render_table(table))
-    parts += ["## Figures", "Throughput over time per case, one line per mode: see report.html."]
-    if report.failures:
-        parts.append("## Failures")
-        for failure in report.failures:
-            parts += _failure(failure)
-    for table in (report.environments, report.metadata):
-        parts += [f"## {escape(table.title)}"]
-        if table.rows:
-            parts.append(render_table(table))
-    return "\n\n".join(parts) + "\n"
-
-
-@cache
-def _jinja() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("virtlab", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
+    return scenario_report(
+        results,
+        title=f"virtlab migration-layout study: {(results.get('study') or {}).get('name')}",
+        summary=_summary_line(results),
+        facts=facts(results),
+        notes=(*notes_list(section), *(f"mode {words}" for words in (MODE_WORDS[m] for m in MODES))),
+        before_figures=(),
+        figures_title="Figures \u00b7 throughput over time",
+        figures_caption=(
+            "One figure per case (the paper's Figures 5-12): the migrated VM, then each resident; a line "
+            "per mode. Dashed: the migration starts; dotted, in a mode's colour: its arrival."
+        ),
+        figures=case_charts(section),
+        figures_missing="No run finished: nothing to draw.",
+        after_figures=tuple(tables.values()),
     )
-    env.globals["note_mark"] = note_mark
-    env.globals["column_class"] = column_class
-    return env
+
+
+def render_migration_layout_markdown(results: Mapping[str, Any]) -> str:
+    return render_markdown(migration_layout_report(results))
 
 
 def render_migration_layout_html(results: Mapping[str, Any]) -> str:
-    section = results["scenario"]
-    report = build_report(results)
-    charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in case_charts(section)]
-    meta = results.get("metadata") or {}
-    return (
-        _jinja()
-        .get_template("migration_layout.html.j2")
-        .render(
-            title=f"virtlab migration-layout study: {(results.get('study') or {}).get('name')}",
-            summary=_summary_line(results),
-            facts=facts(results),
-            notes=notes_list(section),
-            modes=[MODE_WORDS[m] for m in MODES],
-            tables=_tables(section),
-            figures=charts,
-            report=report,
-            version=results.get("version"),
-            virtlab_version=meta.get("virtlab_version") or "",
-        )
-    )
+    return render_html(migration_layout_report(results), results)
 
 
 def write_migration_layout_reports(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    paths = [Path(out_dir) / "report.md", Path(out_dir) / "report.html"]
-    texts = (render_migration_layout_markdown(results), render_migration_layout_html(results))
-    for path, text in zip(paths, texts, strict=True):
-        _write_atomic(path, text)
-    return paths
+    return write_reports(migration_layout_report(results), results, out_dir)

@@ -14,29 +14,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import matplotlib
-from markupsafe import Markup
 from matplotlib.patches import Patch
 
 from virtlab import stats
 from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg, plain
-from virtlab.export.html import column_class
-from virtlab.export.markdown import _failure, escape, render_table
-from virtlab.export.tables import (
-    MISSING,
-    Cell,
-    Table,
-    build_report,
-    format_number,
-    format_value,
-    note_mark,
+from virtlab.export.scenario_report import (
+    ScenarioReport,
+    render_html,
+    render_markdown,
+    scenario_report,
+    write_reports,
 )
-from virtlab.export.tabular import _write_atomic
+from virtlab.export.tables import MISSING, Cell, Table, format_number, format_value
 from virtlab.export.usage import HOST_LINE, host_series, usage_series
 
 TIMES = ("real_s", "user_s", "sys_s")
@@ -487,75 +480,39 @@ def _summary_line(results: Mapping[str, Any]) -> str:
     return " \u00b7 ".join(parts)
 
 
+def priority_report(results: Mapping[str, Any]) -> ScenarioReport:
+    tables = _tables(results)
+    return scenario_report(
+        results,
+        title=f"virtlab priority study: {(results.get('study') or {}).get('name')}",
+        summary=_summary_line(results),
+        before_figures=(tables["table2"], tables["table3"]),
+        figures_title="Figures \u00b7 CPU usage over time",
+        figures_caption=(
+            "Stacked: one band per guest, the CPU time of its host process (the VM's QEMU process, or the "
+            "container's process tree) in % of one host core, per sampling interval. Below: each guest's "
+            "phases. The dashed line is the whole host's busy CPU (/proc/stat): what lies between it and "
+            "the top of the bands went to other processes on the host, not to the guests; the bands stay "
+            "under the host's CPUs when the host is shared, and that is not an under-count (every thread "
+            "of each guest's process is counted)."
+        ),
+        figures=usage_charts(results["scenario"]),
+        figures_missing="No trial finished: nothing to draw.",
+        after_figures=(tables["statistics"], tables["phases"], tables["controls"]),
+        show_trials=True,
+        no_failures="None: every guest ran to the end.",
+    )
+
+
 def render_priority_markdown(results: Mapping[str, Any]) -> str:
     """The priority study's report as Markdown; the figures are in the HTML report."""
-    tables = _tables(results)
-    report = build_report(results)
-    title = f"virtlab priority study: {(results.get('study') or {}).get('name')}"
-    parts = [f"# {escape(title)}", escape(_summary_line(results))]
-    for key in ("table2", "table3", "statistics", "phases", "controls"):
-        table = tables[key]
-        parts += [f"## {escape(table.title)}", escape(table.caption)]
-        if table.rows:
-            parts.append(render_table(table))
-    parts.append("## Figures")
-    parts.append(
-        "Stacked CPU usage over time, one band per guest: see report.html. Its dashed line is the whole "
-        "host's busy CPU (/proc/stat): the gap between it and the bands went to other processes on the "
-        "host, not to the guests."
-    )
-    if report.failures:
-        parts.append("## Failures")
-        for failure in report.failures:
-            parts += _failure(failure)
-    for table in (report.trials, report.environments, report.metadata):
-        parts += [f"## {escape(table.title)}"]
-        if table.rows:
-            parts.append(render_table(table))
-    return "\n\n".join(parts) + "\n"
-
-
-@cache
-def _jinja() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("virtlab", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.globals["note_mark"] = note_mark
-    env.globals["column_class"] = column_class
-    return env
+    return render_markdown(priority_report(results))
 
 
 def render_priority_html(results: Mapping[str, Any]) -> str:
     """One self-contained page: the tables, then the figures as inline SVG."""
-    tables = _tables(results)
-    report = build_report(results)
-    figures = [
-        {"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in usage_charts(results["scenario"])
-    ]
-    meta = results.get("metadata") or {}
-    return (
-        _jinja()
-        .get_template("priority.html.j2")
-        .render(
-            title=f"virtlab priority study: {(results.get('study') or {}).get('name')}",
-            summary=_summary_line(results),
-            tables=tables,
-            figures=figures,
-            report=report,
-            version=results.get("version"),
-            virtlab_version=meta.get("virtlab_version") or "",
-        )
-    )
+    return render_html(priority_report(results), results)
 
 
 def write_priority_reports(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    paths = [Path(out_dir) / "report.md", Path(out_dir) / "report.html"]
-    for path, text in zip(
-        paths, (render_priority_markdown(results), render_priority_html(results)), strict=True
-    ):
-        _write_atomic(path, text)
-    return paths
+    return write_reports(priority_report(results), results, out_dir)
