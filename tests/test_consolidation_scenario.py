@@ -49,7 +49,7 @@ def test_section_from_fixed_runs():
         "database": 50.0,
         "java": 1000.0,
     }
-    one, two = section["tile_counts"]
+    (one,), (two,) = (count["repetitions"] for count in section["tile_counts"])
     # web 1.0, database 0.5, java 2.0: geometric mean 1.0
     assert one["total"] == pytest.approx(1.0) and one["tile_scores"]["1"] == pytest.approx(1.0)
     assert one["fairness"] == {"web": None, "database": None, "java": None}
@@ -59,10 +59,37 @@ def test_section_from_fixed_runs():
     assert two["partial_total"] == pytest.approx((0.5 * 0.5 * 0.5) ** (1 / 3))
     assert two["fairness"]["web"] == pytest.approx(1.0) and two["fairness"]["database"] is None
     assert any("boom" in error for error in two["errors"])
+    assert section["tile_counts"][1]["total"] is None and section["tile_counts"][1]["runs_with_total"] == 0
     assert section["knee"] is None  # only one tile count has a total
-    text = render_consolidation_markdown({"study": {"name": "fixed"}, "scenario": section})
-    assert "| 1 | 1 | database | 25.0 | 0.500 |" in text and "at least 0.500" in text
-    assert "no energy figure: no RAPL" in text
+    text = render_consolidation_markdown({"version": 1, "study": {"name": "fixed"}, "scenario": section})
+    assert "at least 0.500" in text and "no RAPL" in text
+    breakdown = text[text.index("## Per-workload breakdown") :]
+    assert "| 1 tiles    |   1 |    1 | database |    25.0 | 0.500 |      1.000 |" in breakdown
+    assert "| 2 tiles    |   1 |    2 | database |       — |     — |          — |" in breakdown
+
+
+def test_repetitions_are_scored_against_the_mean_reference_and_give_a_ci():
+    runs = fixed_runs()[:2]
+    again = json.loads(json.dumps(runs))
+    for run in again:
+        run["repetition"] = 1
+        for item in run["instances"]:
+            if item["role"] == "web" and item["value"] is not None:
+                item["value"] *= 3  # web: 300 alone in the second repetition, 300 in its tile
+    section = build_section({"tiles": [1], "duration_s": 4, "knee_threshold": 0.1},
+                            {"kind": "container", "options": {}}, runs + again)  # fmt: skip
+    web = section["references"]["web"]
+    assert web["values"] == [100.0, 300.0] and web["value"] == pytest.approx(200.0)
+    (count,) = section["tile_counts"]
+    first, second = count["repetitions"]
+    # against the mean reference 200: web scores 0.5 in the first run, 1.5 in the second
+    assert first["scores"]["1"]["web"] == pytest.approx(0.5)
+    assert second["scores"]["1"]["web"] == pytest.approx(1.5)
+    assert count["total"] == pytest.approx((first["total"] + second["total"]) / 2)
+    assert count["runs_with_total"] == 2
+    low, high = count["total_ci95"]
+    assert low < count["total"] < high
+    assert count["mean_scores"]["web"] == pytest.approx(1.0)
 
 
 def virtlab_run(plan: Path, out: Path) -> subprocess.CompletedProcess[str]:
@@ -105,7 +132,7 @@ def test_consolidation_plan_with_containers(tmp_path):
     for role, metric in (("web", "requests_per_s"), ("database", "tps"), ("java", "ops_per_s")):
         reference = section["references"][role]
         assert reference["metric"] == metric and reference["value"] > 0, reference
-    counts = {count["tiles"]: count for count in section["tile_counts"]}
+    counts = {count["tiles"]: count["repetitions"][0] for count in section["tile_counts"]}
     assert sorted(counts) == [1, 2]
     for n, count in counts.items():
         assert count["status"] == "ok" and not count["missing"] and not count["errors"]
@@ -124,10 +151,37 @@ def test_consolidation_plan_with_containers(tmp_path):
     for role, index in counts[2]["fairness"].items():
         assert 0.5 <= index <= 1.0, (role, index)
     report = (out / "report.md").read_text()
-    titles = ["References", "Total score per tile count", "Tile scores", "Per-workload breakdown",
-              "Fairness (Jain's index per workload)", "Energy"]  # fmt: skip
+    titles = ["Total score per tile count", "References: each workload alone", "Per-workload breakdown",
+              "Fairness: Jain's index per workload", "Energy", "Environments"]  # fmt: skip
     for title in titles:
         assert f"## {title}" in report
-    assert f"| 2 | {counts[2]['total']:.3f} | 0 |" in report
     html = (out / "report.html").read_text()
-    assert "<svg" in html and "total score" in html
+    assert html.count("<svg") == 2 and "total score" in html
+
+
+@needs_runc
+@pytest.mark.slow
+def test_one_tile_of_tcg_vms(guest_image, tmp_path):
+    """The same study with VMs as tile members: four 1-vCPU TCG guests at once (web, database, java,
+    idle), each role's reference in a guest of its own, every figure scored."""
+    member = 'kind = "container"\nnetwork = "bridge"\nmemory_mb = 1024'
+    text = PLAN.read_text()
+    assert member in text
+    text = text.replace(member, 'kind = "vm"\naccel = "tcg"\nnetwork = "bridge"\nvcpus = 1\nmemory_mb = 768')
+    plan = tmp_path / "vm-tile.toml"
+    plan.write_text(text.replace("tiles = [1, 2]", "tiles = [1]"))
+    out = tmp_path / "out"
+    result = virtlab_run(plan, out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    section = results["scenario"]
+    assert section["member"]["kind"] == "vm"
+    (count,) = section["tile_counts"]
+    (run,) = count["repetitions"]
+    assert run["status"] == "ok" and not run["errors"] and not run["missing"]
+    assert count["total"] is not None and count["total"] > 0
+    assert all(score > 0 for score in run["scores"]["1"].values())
+    vms = {e["name"]: e for e in results["environments"]}
+    for cell in ("tiles1/tile1/web", "tiles1/tile1/database", "tiles1/tile1/java", "tiles1/tile1/idle"):
+        assert vms[cell]["kind"] == "vm" and vms[cell]["status"] == "ok"
+        assert vms[cell]["manifest"]["accelerator"] == "tcg"

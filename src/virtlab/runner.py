@@ -164,6 +164,12 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
         raise InputError(
             plan.source, space[0], "make the workload's file smaller or give it a place with room"
         )
+    return kernels_for(plan)
+
+
+def kernels_for(plan: Plan) -> KernelBuild:
+    """The C kernels (and Java programs) built, each workload of ``plan`` finding what it needs:
+    else one InputError, before anything runs."""
     try:
         kernels = build_kernels()
     except BuildError as error:

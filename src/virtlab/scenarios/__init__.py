@@ -73,6 +73,7 @@ SCENARIOS: Registry[type[Scenario]] = Registry("scenario", entry_point_group="vi
 SCENARIOS.add_lazy("priority", "virtlab.scenarios.priority:PriorityScenario")
 SCENARIOS.add_lazy("migration_layout", "virtlab.scenarios.migration_layout:MigrationLayoutScenario")
 SCENARIOS.add_lazy("consolidation", "virtlab.scenarios.consolidation:ConsolidationScenario")
+SCENARIOS.add_lazy("scale_out", "virtlab.scenarios.scale_out:ScaleOutScenario")
 
 
 def register_scenario(cls: type[Scenario]) -> type[Scenario]:

@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
 from virtlab.export.numa import build_section, write_migration_layout_reports
@@ -69,7 +69,7 @@ from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
 from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome, record_study_start
+from virtlab.runner import StudyOutcome, kernels_for, record_study_start
 from virtlab.scenarios import PlanProblem, Scenario, register_scenario
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
 from virtlab.workloads._throughput import ThroughputParams
@@ -301,10 +301,7 @@ class MigrationLayoutScenario(Scenario):
                 raise InputError(
                     plan.source, f"environment {template.name!r}: {problems[0]}", "install what is missing"
                 )
-        try:
-            return build_kernels()
-        except BuildError as error:
-            raise InputError("virtlab kernels", str(error), "apt-get install build-essential") from None
+        return kernels_for(plan)
 
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink

@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.build import KernelBuild
 from virtlab.control import AppliedControls, ControlError, Controls, ControlSpec, validate_against_host
 from virtlab.control.placement import threads_of
 from virtlab.control.priority import find_cpu_cgroup, parse_proc_cgroup
@@ -68,7 +68,7 @@ from virtlab.export.tabular import write_results_json
 from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome, record_study_start
+from virtlab.runner import StudyOutcome, kernels_for, record_study_start
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
 from virtlab.scenarios import PlanProblem, Scenario, register_scenario
@@ -553,12 +553,7 @@ class PriorityScenario(Scenario):
             raise InputError(
                 plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
             )
-        try:
-            return build_kernels()
-        except BuildError as error:
-            raise InputError(
-                "virtlab kernels", str(error), "apt-get install build-essential libgmp-dev libmpfr-dev"
-            ) from None
+        return kernels_for(plan)
 
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink

@@ -1,0 +1,46 @@
+"""The shipped plan of seed 001's single-environment application scenarios, run for real through the
+CLI at reduced size: web (both CGI profiles), database, java and idle alone, natively and in
+containers with 1 and 2 CPUs, every figure measured and compared with the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from marks import needs_runc
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = ROOT / "src" / "virtlab" / "plans" / "apps-alone.toml"
+MAIN = {"web-std-cgi": "requests_per_s", "web-min-cgi": "requests_per_s", "database": "tps",
+        "java": "ops_per_s", "idle": "wake_late_us"}  # fmt: skip
+
+
+@needs_runc
+def test_the_apps_alone_plan_runs_every_workload_in_every_environment(tmp_path):
+    text = PLAN.read_text().replace("trials = 3", "trials = 1")
+    text = re.sub(r"duration_s = 5", "duration_s = 2", text)
+    text = text.replace("warmup_s = 2", "warmup_s = 1")
+    plan = tmp_path / "apps-alone.toml"
+    plan.write_text(text)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    result = subprocess.run(
+        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["failures"] == []
+    cells = {(c["environment"], c["workload"], c["metric"]): c for c in results["cells"]}
+    for environment in ("native", "container-1cpu", "container-2cpu"):
+        for workload, metric in MAIN.items():
+            cell = cells[(environment, workload, metric)]
+            assert cell["n"] == 1 and cell["value"] is not None and cell["value"] >= 0, cell
+            if environment != "native" and metric != "wake_late_us":
+                assert cell["overhead_pct"] is not None  # compared with the host
+    options = {e["name"]: e["options"] for e in results["environments"]}
+    assert options["container-1cpu"]["cpus"] == 1 and options["container-2cpu"]["cpus"] == 2
