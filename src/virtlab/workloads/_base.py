@@ -7,10 +7,13 @@ and the system tools it needs; the environment says where the kernels live
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticUndefined
 
 from virtlab.registry import Registry
 from virtlab.samples import Sample
@@ -22,6 +25,24 @@ class WorkloadParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     timeout_s: float = Field(default=600.0, gt=0, description="a trial running longer fails")
+
+
+def timeout_follows(
+    cls: type[WorkloadParams], data: Any, planned_s: Callable[[dict[str, Any]], float], margin_s: float
+) -> Any:
+    """For a ``mode="before"`` validator: unless given, ``timeout_s`` is ``margin_s`` beyond the
+    trial's planned time (``planned_s`` of the parameters, their defaults filled in), so that the
+    timeout follows the duration or the size asked for. Values ``planned_s`` cannot use are left as
+    they are: the fields' own validation says what is wrong with them."""
+    if not isinstance(data, dict) or "timeout_s" in data:
+        return data
+    values = {name: f.default for name, f in cls.model_fields.items() if f.default is not PydanticUndefined}
+    values.update(data)
+    try:
+        planned = float(planned_s(values))
+    except (TypeError, ValueError, ZeroDivisionError, KeyError):
+        return data
+    return {**data, "timeout_s": planned + margin_s} if math.isfinite(planned) else data
 
 
 class Workload(ABC):

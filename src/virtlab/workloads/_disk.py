@@ -19,10 +19,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
-from pydantic_core import PydanticUndefined
 
 from virtlab.samples import ParseError
-from virtlab.workloads._base import Workload, WorkloadParams
+from virtlab.workloads._base import Workload, WorkloadParams, timeout_follows
 
 KERNEL = "diskio"
 SPACE_SLACK_MB = 16
@@ -72,20 +71,7 @@ def work_timeout() -> Any:
 def timeout_follows_work(cls: type[WorkloadParams], data: Any, planned_s: Callable[[dict], float]) -> Any:
     """Unless given, the timeout is five minutes plus the trial's planned time (``planned_s`` of the
     parameters with their defaults filled in), so that a seed-sized trial is not cut short."""
-    if not isinstance(data, dict) or "timeout_s" in data:
-        return data
-    values = {
-        name: field.default
-        for name, field in cls.model_fields.items()
-        if field.default is not PydanticUndefined
-    }
-    try:
-        planned = float(planned_s({**values, **data}))
-    except (TypeError, ValueError, ZeroDivisionError, KeyError):
-        return data  # the fields' own validation will say what is wrong
-    return (
-        {**data, "timeout_s": float(math.ceil(TIMEOUT_BASE_S + planned))} if math.isfinite(planned) else data
-    )
+    return timeout_follows(cls, data, lambda v: math.ceil(TIMEOUT_BASE_S + planned_s(v)), 0.0)
 
 
 def moving_s(megabytes: float) -> float:

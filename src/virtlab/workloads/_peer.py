@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import Sample
-from virtlab.workloads._base import Workload, WorkloadParams
+from virtlab.workloads._base import Workload, WorkloadParams, timeout_follows
 
 if TYPE_CHECKING:  # a workload knows results, not the environments that produce them
     from virtlab.environments._base import CommandResult
@@ -124,11 +124,7 @@ class PeerParams(PairParams):
     @model_validator(mode="before")
     @classmethod
     def _timeout_follows_duration(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "timeout_s" not in data:
-            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
-            if isinstance(duration, int | float) and not isinstance(duration, bool):
-                return {**data, "timeout_s": float(duration) + TIMEOUT_MARGIN_S}
-        return data
+        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
 
     @model_validator(mode="after")
     def _roles(self) -> PeerParams:

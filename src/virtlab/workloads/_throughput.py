@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams
+from virtlab.workloads._base import WorkloadParams, timeout_follows
 
 
 class ThroughputParams(WorkloadParams):
@@ -23,11 +23,7 @@ class ThroughputParams(WorkloadParams):
     @classmethod
     def _timeout_follows_duration(cls, data: Any) -> Any:
         """Unless given, the timeout leaves the run its duration plus ten minutes for setup."""
-        if isinstance(data, dict) and "timeout_s" not in data:
-            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
-            if isinstance(duration, int | float) and not isinstance(duration, bool):
-                return {**data, "timeout_s": float(duration) + 600.0}
-        return data
+        return timeout_follows(cls, data, lambda v: v["duration_s"], 600.0)
 
     @model_validator(mode="after")
     def _timeout_after_duration(self) -> ThroughputParams:

@@ -26,7 +26,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import Workload, WorkloadParams, key_values, register_workload
+from virtlab.workloads._base import Workload, WorkloadParams, key_values, register_workload, timeout_follows
 
 TIMEOUT_MARGIN_S = 60.0
 MAX_WAKES = 1_000_000  # the kernel's own bound
@@ -44,11 +44,7 @@ class IdleParams(WorkloadParams):
     @model_validator(mode="before")
     @classmethod
     def _timeout_follows_duration(cls, data: object) -> object:
-        if isinstance(data, dict) and "timeout_s" not in data:
-            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
-            if isinstance(duration, int | float) and not isinstance(duration, bool):
-                return {**data, "timeout_s": float(duration) + TIMEOUT_MARGIN_S}
-        return data
+        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
 
     @model_validator(mode="after")
     def _bounds(self) -> IdleParams:

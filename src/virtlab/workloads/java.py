@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import Workload, WorkloadParams, register_workload
+from virtlab.workloads._base import Workload, WorkloadParams, register_workload, timeout_follows
 
 JAR = "jbb.jar"
 MAIN_CLASS = "Jbb"
@@ -59,15 +59,7 @@ class JavaParams(WorkloadParams):
     @model_validator(mode="before")
     @classmethod
     def _timeout_follows_duration(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "timeout_s" not in data:
-            total = 0.0
-            for key in ("warmup_s", "duration_s"):
-                value = data.get(key, cls.model_fields[key].default)
-                if not isinstance(value, int | float) or isinstance(value, bool):
-                    return data  # the field's own validation says what is wrong
-                total += value
-            return {**data, "timeout_s": total + TIMEOUT_MARGIN_S}
-        return data
+        return timeout_follows(cls, data, lambda v: v["warmup_s"] + v["duration_s"], TIMEOUT_MARGIN_S)
 
     @field_validator("jvm_options")
     @classmethod

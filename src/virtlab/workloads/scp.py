@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams, register_workload
+from virtlab.workloads._base import WorkloadParams, register_workload, timeout_follows
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role, ServerPlace
 
 if TYPE_CHECKING:
@@ -141,11 +141,7 @@ class ScpParams(PairParams):
     @model_validator(mode="before")
     @classmethod
     def _timeout_follows_size(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "timeout_s" not in data:
-            size = data.get("size_mb", cls.model_fields["size_mb"].default)
-            if isinstance(size, int) and not isinstance(size, bool):
-                return {**data, "timeout_s": 60.0 + size * MIB / 1e6 / SLOWEST_MBS}
-        return data
+        return timeout_follows(cls, data, lambda v: v["size_mb"] * MIB / 1e6 / SLOWEST_MBS, 60.0)
 
 
 @register_workload

@@ -69,7 +69,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams, register_workload
+from virtlab.workloads._base import WorkloadParams, register_workload, timeout_follows
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role
 from virtlab.workloads._service import PRIVATE_DIR, client_cpu_seconds, study_token, with_run_as
 
@@ -287,11 +287,7 @@ class WebParams(PairParams):
     @model_validator(mode="before")
     @classmethod
     def _timeout_follows_duration(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "timeout_s" not in data:
-            duration = data.get("duration_s", cls.model_fields["duration_s"].default)
-            if isinstance(duration, int) and not isinstance(duration, bool):
-                return {**data, "timeout_s": duration + TIMEOUT_MARGIN_S}
-        return data
+        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
 
     @model_validator(mode="after")
     def _consistent(self) -> WebParams:
