@@ -8,9 +8,9 @@ output parsed and stored), then by hand: the same files and the same server comm
 with ``subprocess``, and the clients (two wrk at once with virtlab's Lua script; pgbench -i,
 CHECKPOINT, pgbench) with the arguments virtlab gives them, taken from the workload's own client
 command so that the two sides cannot drift apart. Figures are the tools' own (wrk's Requests/sec of
-both clients added, pgbench's tps without connection time). The best of each side is reported, as
-the other benches do, with the ratio virtlab / by hand (target: at least 0.95) and the median of the
-rounds' own ratios.
+both clients added, pgbench's tps without connection time). They are judged as
+io_bench does: the geometric mean of the rounds' paired ratios virtlab / by hand with its 95% CI
+(target: at least 0.95), the best of each side beside it.
 
 ``bench/run.sh`` runs it after run_bench.py; run alone (``python bench/apps_bench.py``) it rewrites
 only its own part of bench/README.md.
@@ -25,7 +25,6 @@ import platform
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from io_bench import through_virtlab, workload_of  # the same one-trial study on native
+from io_bench import JUDGED, OWN_CPU, paired_table, through_virtlab, workload_of  # the same one-trial study
 
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
@@ -175,22 +174,29 @@ def compare(
     client: Callable[[Any, list[str]], dict[str, float]],
     metric: str,
     scratch: Path,
-) -> tuple[list[float], list[float]]:
-    """The figure through virtlab and by hand, round by round (which goes first alternates)."""
+) -> tuple[list[float], list[float], list[float]]:
+    """The figure through virtlab and by hand, and virtlab's own CPU, round by round (which goes
+    first alternates)."""
     workload = workload_of(workload_toml)
     ours: list[float] = []
     theirs: list[float] = []
+    cpu: list[float] = []
+
+    def ours_once() -> None:
+        figures = through_virtlab(workload_toml, scratch)
+        ours.append(figures[metric])
+        cpu.append(figures[OWN_CPU])
+
+    sides = [ours_once, lambda: theirs.append(by_hand(workload, client)[metric])]
     for index in range(rounds):
-        sides = [
-            (ours, lambda: through_virtlab(workload_toml, scratch)),
-            (theirs, lambda: by_hand(workload, client)),
-        ]
-        for side, measure in sides if index % 2 == 0 else reversed(sides):
-            side.append(measure()[metric])
-    return ours, theirs
+        for measure in sides if index % 2 == 0 else reversed(sides):
+            measure()
+    return ours, theirs, cpu
 
 
-def apps_rows(rounds: int, duration: int, scratch: Path) -> list[tuple[str, str, list[float], list[float]]]:
+def apps_rows(
+    rounds: int, duration: int, scratch: Path
+) -> list[tuple[str, str, list[float], list[float], list[float]]]:
     web_toml, db_toml = WEB.format(duration=duration), DATABASE.format(duration=duration)
     web, db = workload_of(web_toml), workload_of(db_toml)
     http, https = web.params.split()
@@ -220,23 +226,12 @@ def apps_table(rounds: int = 3, duration: int = 10) -> str:
             rows = apps_rows(rounds, duration, Path(scratch))
         finally:
             os.chdir(here)
-    lines = [
+    lead = (
         f"{rounds} rounds, each a one-trial virtlab study and the same servers and clients by hand with the "
-        "same arguments (which goes first alternates), native, over loopback. The ratio of the best figures "
-        f"of each side is judged against the target (at least {TARGET}); the median of the rounds' own "
-        "ratios shows how noisy the pairing is.",
-        "",
-        "| workload: figure | unit | through virtlab (best) | by hand (best) | ratio | median ratio "
-        "| target |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for name, unit, ours, theirs in rows:
-        ratio = max(ours) / max(theirs)
-        paired = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
-        met = "met" if ratio >= TARGET else "not met"
-        best = f"{max(ours):,.1f} | {max(theirs):,.1f}"
-        lines.append(f"| {name} | {unit} | {best} | {ratio:.3f} | {paired:.3f} | {met} |")
-    return "\n".join(lines)
+        "same arguments (which goes first alternates), native, over loopback. Target: at least "
+        f"{TARGET}. {JUDGED}"
+    )
+    return "\n".join([lead, "", *paired_table(rows, TARGET)])
 
 
 def section(rounds: int, duration: int, stamp: str = "") -> str:
