@@ -33,7 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from io_bench import JUDGED, OWN_CPU, paired_table, through_virtlab, workload_of  # the same one-trial study
+from io_bench import (  # the same one-trial study
+    JUDGED,
+    OWN_CPU,
+    paired_table,
+    through_virtlab,
+    watched,
+    workload_of,
+)
 
 from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
@@ -183,11 +190,11 @@ def compare(
     cpu: list[float] = []
 
     def ours_once() -> None:
-        figures = through_virtlab(workload_toml, scratch)
+        figures = watched(lambda: through_virtlab(workload_toml, scratch))
         ours.append(figures[metric])
         cpu.append(figures[OWN_CPU])
 
-    sides = [ours_once, lambda: theirs.append(by_hand(workload, client)[metric])]
+    sides = [ours_once, lambda: theirs.append(watched(lambda: by_hand(workload, client))[metric])]
     for index in range(rounds):
         for measure in sides if index % 2 == 0 else reversed(sides):
             measure()

@@ -64,15 +64,16 @@ name = "w"
 
 
 OWN_CPU = "virtlab's own CPU"
-"""The key under which ``through_virtlab`` returns the CPU time virtlab's own process (every thread
-but the watcher's, no child) spent per second while the measured tool ran: the only way virtlab
-itself could slow a tool down, since the tool gets the same arguments."""
+"""The key under which ``watched`` returns the CPU time this process (every thread but the watcher's,
+no child) spent per second while the measured tool ran: through virtlab, the only way virtlab itself
+could slow a tool down, since the tool gets the same arguments."""
 TOOLS = frozenset({"fio", "dd", "iperf3", "nuttcp", "wrk", "pgbench"})
 
 
 class ToolWatch(threading.Thread):
-    """Watches this process's descendants every 20 ms for a measured tool (by its command name) and
-    notes this process's CPU time, less the watcher's own, when one is first and last seen."""
+    """Watches this process's descendants every 50 ms for a measured tool (by its command name) and
+    notes this process's CPU time, less the watcher's own, when one is first and last seen. It runs
+    on both sides of a comparison, so that its own cost (a walk of /proc) is the same for both."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -82,7 +83,7 @@ class ToolWatch(threading.Thread):
 
     def run(self) -> None:
         me = threading.get_native_id()
-        while not self.done.wait(0.02):
+        while not self.done.wait(0.05):
             if _tool_running(os.getpid()):
                 point = (time.monotonic(), _cpu_s(me))
                 self.first = self.first or point
@@ -99,9 +100,13 @@ def _descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:  # a process may end while it is being looked at
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
             try:
-                children = [int(c) for c in (task / "children").read_text().split()]
+                children = [int(c) for c in Path(f"/proc/{parent}/task/{task}/children").read_text().split()]
             except OSError:
                 continue
             found += children
@@ -133,28 +138,32 @@ def _cpu_s(skip_tid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def watched(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``measure()``'s figures, and OWN_CPU: this process's CPU while the tool ran."""
+    watch = ToolWatch()
+    watch.start()
+    try:
+        figures = measure()
+    finally:
+        watch.done.set()
+        watch.join()
+    return {**figures, OWN_CPU: watch.share()}
+
+
 def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
-    """One trial of a one-workload study on the native environment: metric -> figure, and OWN_CPU."""
+    """One trial of a one-workload study on the native environment: metric -> figure."""
     plan = parse_plan(PLAN.format(workload=workload_toml), "io-bench")
     out = Path(tempfile.mkdtemp(dir=scratch, prefix="study-"))
     store = open_study(plan, out / "out", resume=False)
     try:
-        checks = preflight(plan)
-        watch = ToolWatch()
-        watch.start()
-        try:
-            outcome = StudyRunner(plan, out / "out", store, checks, SilentProgress()).run()
-        finally:
-            watch.done.set()
-            watch.join()
+        outcome = StudyRunner(plan, out / "out", store, preflight(plan), SilentProgress()).run()
     finally:
         store.close()
     results = json.loads((out / "out" / "results.json").read_text())
     shutil.rmtree(out)
     if outcome.exit_code != 0:
         raise RuntimeError(f"virtlab's trial failed: {results['failures']}")
-    figures = {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
-    return {OWN_CPU: watch.share(), **figures}
+    return {c["metric"]: c["value"] for c in results["cells"] if c["workload"] == "w"}
 
 
 def paired_verdict(ours: list[float], theirs: list[float], target: float) -> tuple[float, float, float, str]:
@@ -196,9 +205,9 @@ JUDGED = (
     "The verdict is the geometric mean of the rounds' own ratios (virtlab / by hand; pairing by round "
     "cancels what drifts between rounds) against the target: met when it reaches it, not met when even "
     "its 95% CI stays under it, not shown when the CI straddles it. virtlab's own CPU is what its process "
-    "(every thread, no child) spent per second while the tool ran (seen every 20 ms among its "
-    "descendants), the median over the rounds: the one way virtlab itself could take time from the tool, "
-    "which runs with the same arguments (one tick is 10 ms: a short run shows 0 or a tick)."
+    "(every thread, no child) spent per second while the tool ran (seen every 50 ms among its "
+    "descendants, by a watcher that runs on both sides alike), the median over the rounds: the one way "
+    "virtlab itself could take time from the tool, which runs with the same arguments."
 )
 
 
@@ -321,7 +330,10 @@ def compare(
     ours: dict[str, list[float]] = {}
     theirs: dict[str, list[float]] = {}
     for index in range(rounds):
-        sides = [(ours, lambda: through_virtlab(workload_toml, scratch)), (theirs, lambda: by_hand(workload))]
+        sides = [
+            (ours, lambda: watched(lambda: through_virtlab(workload_toml, scratch))),
+            (theirs, lambda: watched(lambda: by_hand(workload))),
+        ]
         # Who goes first alternates, so that neither side always follows the other's writeback.
         for side, measure in sides if index % 2 == 0 else reversed(sides):
             for key, value in measure().items():
