@@ -409,6 +409,31 @@ def test_a_tcg_vm_on_the_bridge_talks_to_native(envs, guest_image, kernel_build,
     assert vm.network_address() is None
 
 
+@needs_runc
+@needs_tools
+@pytest.mark.slow
+def test_an_emulated_e1000_nic_on_the_bridge(envs, kernel_build, tmp_path):
+    """The NIC model as an option: an emulated Intel e1000 instead of virtio-net. Debian's cloud
+    kernel has no e1000 driver, so the guest runs the generic "amd64" flavour (an image of its own)."""
+    options = VmOptions(
+        accel="tcg", network="bridge", nic="e1000", kernel_flavour="amd64", vcpus=1, memory_mb=512
+    )
+    vm = VmEnvironment("vm-e1000", options, tmp_path)
+    vm.provision(kernel_build)
+    try:
+        # the guest's one network interface is driven by e1000
+        drivers = vm.run(["sh", "-c", "for d in /sys/class/net/*/device/driver; do readlink $d; done"], 60)
+        assert drivers.exit_code == 0 and [p.rsplit("/", 1)[-1] for p in drivers.stdout.split()] == ["e1000"]
+        assert vm.manifest()["image"]["kernel_flavour"] == "amd64"
+        both = {**envs, "vm-e1000": vm}
+        sent = trial(both, iperf3(duration_s=2, peer="native"), "vm-e1000")["throughput_mbps"]
+        received = trial(both, iperf3(duration_s=2, peer="vm-e1000"), "native")["throughput_mbps"]
+        assert sent.value > 1 and received.value > 1
+        assert received.metadata["address"] == vm.network_address()
+    finally:
+        vm.teardown()
+
+
 STUDY = """
 [study]
 name = "network"
