@@ -138,7 +138,8 @@ def wrk_clients(workload: Web, args: list[str]) -> dict[str, float]:
             argv = ["wrk", "-t", threads, "-c", connections, "-d", f"{duration}s", "--latency", "--timeout",
                     f"{timeout}s", "-s", f"{where}/mix.lua", f"{scheme}://{address}:{port}/", "--", cgi, page,
                     answer, seed, rounds]  # fmt: skip
-            runs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+            # a session of its own, as virtlab runs every command (the scheduler's autogroups follow it)
+            runs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True))
         rate = 0.0
         for run in runs:
             out, _ = run.communicate(timeout=int(duration) + 120)
@@ -160,12 +161,14 @@ def pgbench_client(workload: Database, args: list[str]) -> dict[str, float]:
         if time.monotonic() > deadline:
             raise RuntimeError("PostgreSQL by hand did not accept sessions in 60 s")
         time.sleep(0.05)
+    # each in a session of its own, as virtlab runs every command (the scheduler's autogroups follow it)
     for argv in (["pgbench", "-i", "-I", "tGvp", "-s", scale], ["psql", "-X", "-q", "-c", "CHECKPOINT"]):
-        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600)
+        subprocess.run(argv, env=env, check=True, capture_output=True, timeout=600, start_new_session=True)
     argv = ["pgbench", "-b", builtin, "-M", mode, "-c", clients, "-j", jobs, "-T", duration, "-P", "1"]
     done = subprocess.run(
-        argv, env=env, check=True, capture_output=True, text=True, timeout=int(duration) + 120
-    )
+        argv, env=env, check=True, capture_output=True, text=True, timeout=int(duration) + 120,
+        start_new_session=True,
+    )  # fmt: skip
     tps = re.search(r"^tps = ([\d.]+) \(without initial connection time\)$", done.stdout, re.M)
     return {"tps": float(tps.group(1))}
 
