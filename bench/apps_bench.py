@@ -19,9 +19,7 @@ only its own part of bench/README.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import re
 import signal
 import socket
@@ -36,19 +34,18 @@ from typing import Any
 from io_bench import (  # the same one-trial study
     JUDGED,
     OWN_CPU,
+    measured_stamp,
     paired_table,
     through_virtlab,
     watched,
     workload_of,
+    write_part,
 )
 
 from virtlab.build import build_kernels
-from virtlab.metadata import collect_host_metadata
 from virtlab.workloads.database import Database
 from virtlab.workloads.web import Web
 
-BENCH_README = Path(__file__).with_name("README.md")
-MARK_END = "<!-- results:end -->"
 APPS_BEGIN, APPS_END = "<!-- apps:begin -->", "<!-- apps:end -->"
 TARGET = 0.95
 LOOPBACK = "127.0.0.1"
@@ -258,21 +255,7 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("apps_bench: run as root (the servers run as www-data and postgres)")
-    host = collect_host_metadata()
-    stamp = (
-        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {host.get('cpu_model')} "
-        f"({host.get('cores')} cores, kernel {platform.release()})."
-    )
-    part = section(args.rounds, args.duration, stamp)
-    text = BENCH_README.read_text()
-    if APPS_BEGIN in text:
-        start, end = text.index(APPS_BEGIN), text.index(APPS_END) + len(APPS_END)
-        text = text[:start] + part + text[end:]
-    else:
-        end = text.index(MARK_END)
-        text = text[:end] + part + "\n\n" + text[end:]
-    BENCH_README.write_text(text)
-    print(part)
+    write_part(APPS_BEGIN, APPS_END, section(args.rounds, args.duration, measured_stamp()))
 
 
 if __name__ == "__main__":

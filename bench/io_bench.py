@@ -384,27 +384,36 @@ def section(rounds: int, stamp: str = "") -> str:
     return f"{IO_BEGIN}\n{heading}\n\n{lead}{io_table(rounds)}\n{IO_END}"
 
 
+def measured_stamp() -> str:
+    """The line that opens a bench's part: when and on what it was measured."""
+    host = collect_host_metadata()
+    return (
+        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {host.get('cpu_model')} "
+        f"({host.get('cores')} cores, kernel {platform.release()})."
+    )
+
+
+def write_part(begin: str, end: str, part: str) -> None:
+    """Replaces the part of bench/README.md between ``begin`` and ``end`` (or adds it before the
+    results' end marker), leaving the rest as it is."""
+    text = BENCH_README.read_text()
+    if begin in text:
+        start, stop = text.index(begin), text.index(end) + len(end)
+        text = text[:start] + part + text[stop:]
+    else:
+        stop = text.index(MARK_END)
+        text = text[:stop] + part + "\n\n" + text[stop:]
+    BENCH_README.write_text(text)
+    print(part)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("io_bench: run as root (the page cache is dropped before each disk run, as virtlab does)")
-    host = collect_host_metadata()
-    stamp = (
-        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {host.get('cpu_model')} "
-        f"({host.get('cores')} cores, kernel {platform.release()})."
-    )
-    part = section(args.rounds, stamp)
-    text = BENCH_README.read_text()
-    if IO_BEGIN in text:
-        start, end = text.index(IO_BEGIN), text.index(IO_END) + len(IO_END)
-        text = text[:start] + part + text[end:]
-    else:
-        end = text.index(MARK_END)
-        text = text[:end] + part + "\n\n" + text[end:]
-    BENCH_README.write_text(text)
-    print(part)
+    write_part(IO_BEGIN, IO_END, section(args.rounds, measured_stamp()))
 
 
 if __name__ == "__main__":
