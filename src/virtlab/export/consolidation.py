@@ -19,12 +19,12 @@ import matplotlib
 
 from virtlab import consolidation, stats
 from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg
-from virtlab.export.scale_out import settings
 from virtlab.export.scenario_report import (
     ScenarioReport,
     render_html,
     render_markdown,
     scenario_report,
+    settings,
     write_reports,
 )
 from virtlab.export.tables import MISSING, Cell, Table, format_value

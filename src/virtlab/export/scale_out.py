@@ -23,6 +23,7 @@ from virtlab.export.scenario_report import (
     render_html,
     render_markdown,
     scenario_report,
+    settings,
     write_reports,
 )
 from virtlab.export.tables import MISSING, Cell, Table, format_value
@@ -106,11 +107,6 @@ def _count_entry(count: int, repetitions: list[dict[str, Any]]) -> dict[str, Any
 
 
 # --------------------------------------------------------------------------- tables
-
-
-def settings(options: Mapping[str, Any]) -> str:
-    """``key = value`` of every option that is set, for a note."""
-    return ", ".join(f"{key} = {value}" for key, value in options.items() if value is not None)
 
 
 def _half(ci: Sequence[float] | None) -> float:

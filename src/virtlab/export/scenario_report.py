@@ -48,6 +48,11 @@ class ScenarioReport:
     base: Report = field(default=None)  # type: ignore[assignment]
 
 
+def settings(options: Mapping[str, Any]) -> str:
+    """``key = value`` of every option that is set, for a report's notes."""
+    return ", ".join(f"{key} = {value}" for key, value in options.items() if value is not None)
+
+
 def scenario_report(results: Mapping[str, Any], **parts: Any) -> ScenarioReport:
     """A ``ScenarioReport`` of ``results`` whose common parts come from ``build_report``."""
     return ScenarioReport(base=build_report(results), **parts)
