@@ -38,8 +38,7 @@ from virtlab.build import build_kernels
 from virtlab.hostcache import drop_host_caches
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import run_study
 
 BENCH_README = Path(__file__).with_name("README.md")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -154,11 +153,7 @@ def through_virtlab(workload_toml: str, scratch: Path) -> dict[str, float]:
     """One trial of a one-workload study on the native environment: metric -> figure."""
     plan = parse_plan(PLAN.format(workload=workload_toml), "io-bench")
     out = Path(tempfile.mkdtemp(dir=scratch, prefix="study-"))
-    store = open_study(plan, out / "out", resume=False)
-    try:
-        outcome = StudyRunner(plan, out / "out", store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out / "out")
     results = json.loads((out / "out" / "results.json").read_text())
     shutil.rmtree(out)
     if outcome.exit_code != 0:

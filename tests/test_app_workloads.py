@@ -21,8 +21,7 @@ from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import preflight, run_study
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads.idle import Idle, IdleParams
@@ -298,11 +297,7 @@ interval_ms = 50
 def test_java_and_idle_run_in_a_study_natively_and_in_a_container(guest_image, tmp_path):
     plan = parse_plan(APP_PLAN, "apps.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     assert outcome.exit_code == 0, outcome
     results = json.loads((out / "results.json").read_text())
     cells = {(c["environment"], c["metric"]): c for c in results["cells"]}

@@ -5,13 +5,11 @@ containers with 1 and 2 CPUs, every figure measured and compared with the host."
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from marks import needs_runc
+from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "src" / "virtlab" / "plans" / "apps-alone.toml"
@@ -27,11 +25,7 @@ def test_the_apps_alone_plan_runs_every_workload_in_every_environment(tmp_path):
     plan = tmp_path / "apps-alone.toml"
     plan.write_text(text)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run(
-        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet"],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
+    result = virtlab_run(plan, out)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["failures"] == []

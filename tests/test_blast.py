@@ -291,8 +291,7 @@ def test_blast_runs_the_same_in_native_and_a_container(tmp_path, guest_image):
     import json
 
     from virtlab.plan import parse_plan
-    from virtlab.progress import SilentProgress
-    from virtlab.runner import StudyRunner, open_study, preflight
+    from virtlab.runner import run_study
 
     params = "\n".join(f"{key} = {value}" for key, value in SMALL.items())
     plan = parse_plan(
@@ -302,11 +301,7 @@ def test_blast_runs_the_same_in_native_and_a_container(tmp_path, guest_image):
         f'[[workload]]\nname = "blast"\nkind = "blast"\n{params}\n',
         "blast.toml",
     )
-    store = open_study(plan, tmp_path / "out", resume=False)
-    try:
-        outcome = StudyRunner(plan, tmp_path / "out", store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, tmp_path / "out")
     assert outcome.exit_code == 0
     cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
     blast = {c["environment"]: c for c in cells if c["workload"] == "blast"}

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from marks import needs_runc
 from virtlab.export.consolidation import build_section, render_consolidation_markdown
+from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "src" / "virtlab" / "plans" / "consolidation.toml"
@@ -90,14 +88,6 @@ def test_repetitions_are_scored_against_the_mean_reference_and_give_a_ci():
     low, high = count["total_ci95"]
     assert low < count["total"] < high
     assert count["mean_scores"]["web"] == pytest.approx(1.0)
-
-
-def virtlab_run(plan: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

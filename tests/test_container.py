@@ -23,8 +23,7 @@ from virtlab.environments import container as ct
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import preflight, run_study
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
 
@@ -312,11 +311,7 @@ n = 100000
 def test_a_study_runs_native_and_container(guest_image, tmp_path):
     plan = parse_plan(PLAN, "container.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     assert outcome.exit_code == 0, outcome
     results = json.loads((out / "results.json").read_text())
     real = [c for c in results["cells"] if c["metric"] == "real_s"]

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ from virtlab.control.environment import plan_problems
 from virtlab.control.priority import cpu_cgroup_problem
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
+from virtlab_cli import CLI, cli_env, virtlab
 
-ROOT = Path(__file__).resolve().parents[1]
 USABLE = sorted(os.sched_getaffinity(0))
 PIN = USABLE[-1]  # one CPU of those this process may use: pinned, a command is visibly narrower
 needs_two_cpus = pytest.mark.skipif(len(USABLE) < 2, reason="pinning is only visible with two usable CPUs")
@@ -145,18 +144,6 @@ def test_a_containers_cgroup_files_are_written_and_put_back(tmp_path, version):
             assert (Path(paths[key]) / name).read_text() == text  # every file as it was
 
 
-def virtlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, "-m", "virtlab", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
-
-
 CLI_REFUSED = [
     ("nice = 25", "control.nice: nice 25 is outside -20..19"),  # refused by the plan
     ("pin_process = [4096]", "control: pin_process: CPU 4096 does not exist on this host"),  # by this host
@@ -197,9 +184,8 @@ def test_what_this_host_cannot_do_is_refused_by_the_preflight(control, study, me
 
 
 def run_watched(plan: Path, out: Path, watcher: ProcWatcher, timeout_s: float = 600) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    argv = [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet"]
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [*CLI, "run", str(plan), "--out", str(out), "--quiet"]
+    process = subprocess.Popen(argv, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher.start(process.pid)
     try:
         _, stderr = process.communicate(timeout=timeout_s)

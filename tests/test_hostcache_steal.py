@@ -29,8 +29,8 @@ def test_drop_host_caches_writes_3_and_says_so(tmp_path):
 
 def test_every_counted_sample_carries_the_steal_of_its_trial(tmp_path):
     from virtlab.plan import parse_plan
-    from virtlab.progress import SilentProgress
-    from virtlab.runner import StudyRunner, open_study, preflight
+    from virtlab.runner import run_study
+    from virtlab.store import ResultStore
 
     plan = parse_plan(
         '[study]\nname = "steal"\ntrials = 2\nwarmups = 0\n'
@@ -38,12 +38,8 @@ def test_every_counted_sample_carries_the_steal_of_its_trial(tmp_path):
         '[[workload]]\nname = "p"\nkind = "primes"\nn = 1000\n',
         "steal.toml",
     )
-    store = open_study(plan, tmp_path / "out", resume=False)
-    try:
-        StudyRunner(plan, tmp_path / "out", store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
-    for trial in store.__class__.in_dir(tmp_path / "out").trials():
+    run_study(plan, tmp_path / "out")
+    for trial in ResultStore.in_dir(tmp_path / "out").trials():
         if trial.workload == "p":
             for sample in trial.samples:
                 assert sample.metadata["steal_s"] >= 0
@@ -54,8 +50,7 @@ def test_every_counted_sample_carries_the_steal_of_its_trial(tmp_path):
 
 def test_storage_trials_drop_the_host_cache_first(tmp_path):
     from virtlab.plan import parse_plan
-    from virtlab.progress import SilentProgress
-    from virtlab.runner import StudyRunner, open_study, preflight
+    from virtlab.runner import run_study
     from virtlab.store import ResultStore
 
     plan = parse_plan(
@@ -64,11 +59,7 @@ def test_storage_trials_drop_the_host_cache_first(tmp_path):
         f'[[workload]]\nname = "dd"\nkind = "dd"\nsize_mb = 8\ndirectory = "{tmp_path}"\n',
         "cache.toml",
     )
-    store = open_study(plan, tmp_path / "out", resume=False)
-    try:
-        StudyRunner(plan, tmp_path / "out", store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    run_study(plan, tmp_path / "out")
     [trial] = [t for t in ResultStore.in_dir(tmp_path / "out").trials() if t.workload == "dd"]
     assert {s.metric for s in trial.samples} == {"write_mbs", "read_mbs"}
     # as root on this host the drop works; elsewhere the record says why it did not

@@ -5,35 +5,19 @@ any trial runs."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from marks import needs_runc
+from virtlab_cli import virtlab
 
-ROOT = Path(__file__).resolve().parents[1]
 HEAD = '[study]\nname = "bad-io"\ntrials = 1\nwarmups = 0\n'
 NATIVE = '[[environment]]\nname = "native"\nkind = "native"\n'
 VM = '[[environment]]\nname = "guest"\nkind = "vm"\nvcpus = 1\nmemory_mb = 512\n'
 CONTAINER = '[[environment]]\nname = "box"\nkind = "container"\n'
-
-
-def virtlab(*args: str, cwd: Path, path: list[Path] = ()) -> subprocess.CompletedProcess[str]:
-    """The real command line in a fresh interpreter; ``path``: more import roots (a plugin)."""
-    pythonpath = os.pathsep.join([str(ROOT / "src"), *map(str, path)])
-    return subprocess.run(
-        [sys.executable, "-m", "virtlab", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": pythonpath},
-        cwd=cwd,
-        timeout=300,
-    )
 
 
 def refused(tmp_path: Path, plan_text: str, path: list[Path] = ()) -> str:

@@ -22,8 +22,7 @@ from marks import needs_runc
 from virtlab import nfs
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import run_study
 from virtlab.workloads import WORKLOADS
 
 PLANS = Path(__file__).resolve().parents[1] / "src" / "virtlab" / "plans"
@@ -45,11 +44,7 @@ def reduced(plan: Plan, environments: tuple[EnvironmentSpec, ...], change) -> Pl
 
 
 def run(plan: Plan, out: Path) -> dict[str, Any]:
-    store = open_study(plan, out, resume=False)
-    try:
-        StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    run_study(plan, out)
     return json.loads((out / "results.json").read_text())
 
 

@@ -21,8 +21,7 @@ from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.environments.vm import VmEnvironment, VmFiles, VmOptions, bridge_mac, qemu_argv
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, TrialFailure, measure_peers, open_study, preflight
+from virtlab.runner import TrialFailure, measure_peers, preflight, run_study
 from virtlab.samples import ParseError, Sample
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link, PeerParams, PeerWorkload, combine
@@ -467,11 +466,7 @@ duration_s = 1
 def test_a_study_runs_iperf3_between_native_and_a_container(guest_image, tmp_path):
     plan = parse_plan(STUDY, "network.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     assert outcome.exit_code == 0, outcome
     with sqlite3.connect(out / "results.sqlite") as db:
         cells = db.execute("SELECT environment, workload, COUNT(*) FROM trials GROUP BY 1, 2").fetchall()

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,7 @@ from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.workloads.dd import Dd
-
-ROOT = Path(__file__).resolve().parents[1]
+from virtlab_cli import virtlab
 
 needs_ganesha = pytest.mark.skipif(nfs.missing() is not None, reason=str(nfs.missing()))
 needs_libnfs = pytest.mark.skipif(shutil.which("nfs-ls") is None, reason="libnfs-utils is not installed")
@@ -206,10 +203,7 @@ storage = "nfs"
 def test_a_study_on_nfs_measures_where_it_mounts_and_says_why_elsewhere(guest_image, tmp_path):
     plan = tmp_path / "nfs.toml"
     plan.write_text(STUDY)
-    done = subprocess.run(
-        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )  # fmt: skip
+    done = virtlab("run", str(plan), "--out", str(tmp_path / "out"), timeout=900)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     cells = {(c["environment"], c["workload"]): c for c in results["cells"]}
     failures = {(f["environment"], f["workload"]): f["error"] for f in results["failures"]}

@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ from virtlab.export.priority import (
 )
 from virtlab.export.usage import usage_series
 from virtlab.plan import load_plan, parse_plan
+from virtlab_cli import virtlab, virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "plans" / "kvm-priority.toml"
@@ -321,14 +320,6 @@ needs_runc = pytest.mark.skipif(
 )
 
 
-def virtlab_run(plan: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(out), "--quiet", *extra],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
-
-
 def reduced_plan(tmp_path: Path, kind: str, n: int, control: str) -> Path:
     """plans/kvm-priority.toml at reduced size: 1 / 2 / 2 guests, guest 2 of the last one favoured."""
     text = PLAN.read_text()
@@ -444,11 +435,7 @@ def test_the_same_study_with_containers_and_a_cgroup_weight(tmp_path):
     check_study(tmp_path / "out")
     # `virtlab report` rebuilds the scenario's own report from the database, not the generic one
     (tmp_path / "out" / "report.md").unlink()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    rebuilt = subprocess.run(
-        [sys.executable, "-m", "virtlab", "report", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    rebuilt = virtlab("report", str(tmp_path / "out"))
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert "## Table 2 · execution times (s)" in (tmp_path / "out" / "report.md").read_text()
     check_study(tmp_path / "out")

@@ -8,7 +8,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from fake_environment import FaultyEnvironment
 from virtlab.environments import ENVIRONMENTS
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import run_study
+from virtlab_cli import CLI, cli_env
 
 ENVIRONMENTS.add("faulty", FaultyEnvironment)
 
@@ -49,14 +48,10 @@ n = 20000
 """
 
 
-def run_study(tmp_path: Path, faults: str = "", resume: bool = False):
+def fault_study(tmp_path: Path, faults: str = "", resume: bool = False):
     plan = parse_plan(PLAN.format(faults=faults), "runner.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume)
-    try:
-        return StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run(), out
-    finally:
-        store.close()
+    return run_study(plan, out, resume), out
 
 
 def stored_trials(out: Path) -> list[tuple[str, str, int]]:
@@ -68,7 +63,7 @@ def stored_trials(out: Path) -> list[tuple[str, str, int]]:
 
 
 def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
-    outcome, out = run_study(tmp_path)
+    outcome, out = fault_study(tmp_path)
     assert outcome.exit_code == 0
     rows = stored_trials(out)
     assert len(rows) == 2 * 2 * 3  # environments x workloads x trials; warm-ups not stored
@@ -93,7 +88,7 @@ def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
 
 def test_a_failing_cell_is_stored_with_its_log_and_the_rest_goes_on(tmp_path):
     # command 0 of "other" is the noop warm-up: that cell fails, primes-small still runs there
-    outcome, out = run_study(tmp_path, "fail_command = 0")
+    outcome, out = fault_study(tmp_path, "fail_command = 0")
     assert outcome.exit_code == 1
     assert outcome.failed_cells == {("other", "noop")}
     results = json.loads((out / "results.json").read_text())
@@ -106,7 +101,7 @@ def test_a_failing_cell_is_stored_with_its_log_and_the_rest_goes_on(tmp_path):
 
 
 def test_an_environment_that_does_not_provision_fails_its_cells_only(tmp_path):
-    outcome, out = run_study(tmp_path, "fail_provision = true")
+    outcome, out = fault_study(tmp_path, "fail_provision = true")
     assert outcome.exit_code == 1
     assert outcome.failed_environments == {"other"}
     assert {row[0] for row in stored_trials(out)} == {"native"}
@@ -118,7 +113,7 @@ def test_an_environment_that_does_not_provision_fails_its_cells_only(tmp_path):
 
 def test_interrupt_keeps_finished_trials_and_resume_completes(tmp_path):
     # "other" runs: warm-up noop (0), warm-up primes (1), trial-1 noop (2), trial-1 primes (3), ...
-    outcome, out = run_study(tmp_path, "interrupt_command = 4")
+    outcome, out = fault_study(tmp_path, "interrupt_command = 4")
     assert outcome.interrupted and outcome.exit_code == 130
     before = stored_trials(out)
     assert ("other", "noop", 0) in before and ("other", "primes-small", 0) in before
@@ -126,7 +121,7 @@ def test_interrupt_keeps_finished_trials_and_resume_completes(tmp_path):
     assert json.loads((out / "results.json").read_text())["study"]["status"] == "interrupted"
 
     # same plan text: the injected interrupt fires once per results directory only
-    outcome, out = run_study(tmp_path, "interrupt_command = 4", resume=True)
+    outcome, out = fault_study(tmp_path, "interrupt_command = 4", resume=True)
     assert outcome.exit_code == 0
     after = stored_trials(out)
     assert set(before) <= set(after) and len(after) == 2 * 2 * 3
@@ -135,12 +130,9 @@ def test_interrupt_keeps_finished_trials_and_resume_completes(tmp_path):
 def test_resume_refuses_a_different_plan(tmp_path):
     from virtlab.errors import InputError
 
-    run_study(tmp_path)
+    fault_study(tmp_path)
     with pytest.raises(InputError, match="differs from the plan"):
-        run_study(tmp_path, "fail_provision = false", resume=True)
-
-
-CLI = [sys.executable, "-m", "virtlab"]
+        fault_study(tmp_path, "fail_provision = false", resume=True)
 
 
 def test_ctrl_c_on_the_command_line_keeps_trials_and_resume_finishes(tmp_path):
@@ -151,7 +143,7 @@ def test_ctrl_c_on_the_command_line_keeps_trials_and_resume_finishes(tmp_path):
         '[[workload]]\nname = "primes"\nkind = "primes"\nn = 1500000\n'
     )
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = cli_env()
     process = subprocess.Popen([*CLI, "run", str(plan), "--out", str(out), "--quiet"], env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -183,11 +175,7 @@ def test_adaptive_repetition_adds_trials_while_the_spread_is_above_target(tmp_pa
     )
     plan = parse_plan(text, "adaptive.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     assert outcome.exit_code == 0
     counts: dict[str, int] = {}
     for _env, workload, _trial in stored_trials(out):

@@ -6,9 +6,6 @@ that runs inside its environments (STREAM), with Ctrl-C-free resume of what was 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from virtlab.export.scale_out import (
     render_scale_out_markdown,
     run_total,
 )
+from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "src" / "virtlab" / "plans" / "web-scale-out.toml"
@@ -78,7 +76,9 @@ def test_a_time_does_not_add_up_over_instances():
     one, two = section["counts"]
     assert one["total"] is None and two["total"] is None
     assert two["per_instance"] == pytest.approx(4.0)
-    assert "does not add up" in render_scale_out_markdown({"version": 1, "study": {"name": "t"}, "scenario": section})
+    assert "does not add up" in render_scale_out_markdown(
+        {"version": 1, "study": {"name": "t"}, "scenario": section}
+    )
 
 
 def test_the_html_report_escapes_what_it_embeds():
@@ -88,13 +88,6 @@ def test_the_html_report_escapes_what_it_embeds():
     assert "<script>x" not in html and "&lt;script&gt;x" in html and "<svg" in html
 
 
-def virtlab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, "-m", "virtlab", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
-
-
 @pytest.mark.parametrize(
     "old, new, message",
     [
@@ -102,7 +95,11 @@ def virtlab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
         ("counts = [1, 8, 10]", "counts = [1, 17]", "16 client slots"),
         ("counts = [1, 8, 10]", "counts = [1, 1]", "given twice"),
         ("threads = 1", "threads = 1\nduration_s = 3", "give it in one place"),
-        ('kind = "web"\nprofile = "STD-CGI"\nconnections = 2\nthreads = 1', 'kind = "pi"', "no known main figure"),
+        (
+            'kind = "web"\nprofile = "STD-CGI"\nconnections = 2\nthreads = 1',
+            'kind = "pi"',
+            "no known main figure",
+        ),
         ("[study]", "[study]\ntrials = 3", "not a grid"),
     ],
 )
@@ -111,7 +108,7 @@ def test_bad_plans_are_refused_before_running(tmp_path, old, new, message):
     assert old in text
     plan = tmp_path / "bad.toml"
     plan.write_text(text.replace(old, new, 1))
-    result = virtlab("run", str(plan), "--out", str(tmp_path / "out"), "--quiet", timeout=120)
+    result = virtlab_run(plan, tmp_path / "out", timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out" / "results.json").exists()
@@ -122,7 +119,7 @@ def test_bad_plans_are_refused_before_running(tmp_path, old, new, message):
 def test_the_web_scale_out_plan_with_containers(tmp_path):
     """The shipped plan as it is: 1, 8 and 10 nginx servers at once, each loaded by its own clients."""
     out = tmp_path / "out"
-    result = virtlab("run", str(PLAN), "--out", str(out), "--quiet")
+    result = virtlab_run(PLAN, out)
     assert result.returncode == 0, result.stdout + result.stderr
     section = json.loads((out / "results.json").read_text())["scenario"]
     counts = {c["count"]: c for c in section["counts"]}
@@ -171,7 +168,7 @@ def test_a_workload_that_runs_inside_scales_out_and_resumes(tmp_path):
     plan = tmp_path / "stream.toml"
     plan.write_text(STREAM_PLAN)
     out = tmp_path / "out"
-    result = virtlab("run", str(plan), "--out", str(out), "--quiet", timeout=300)
+    result = virtlab_run(plan, out, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     section = json.loads((out / "results.json").read_text())["scenario"]
     one, two = section["counts"]
@@ -183,6 +180,6 @@ def test_a_workload_that_runs_inside_scales_out_and_resumes(tmp_path):
     (triad,) = [c for c in cells if c["environment"] == "count2/instance2" and c["metric"] == "triad_mbs"]
     assert triad["n"] == 2  # one trial per repetition
     # everything is stored: --resume runs nothing again and keeps the figures
-    again = virtlab("run", str(plan), "--out", str(out), "--quiet", "--resume", timeout=300)
+    again = virtlab_run(plan, out, "--resume", timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((out / "results.json").read_text())["scenario"]["counts"] == section["counts"]

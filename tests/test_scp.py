@@ -28,7 +28,13 @@ from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.progress import SilentProgress
-from virtlab.runner import UNAVAILABLE, StudyRunner, TrialFailure, measure_peers, open_study, preflight
+from virtlab.runner import (
+    UNAVAILABLE,
+    TrialFailure,
+    measure_peers,
+    preflight,
+    run_study,
+)
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link, ServerPlace
@@ -435,12 +441,8 @@ def test_a_study_reports_the_cipher_not_offered_as_missing_with_the_reason(
     monkeypatch.chdir(tmp_path)
     plan = parse_plan(STUDY, "scp.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
     progress = SilentProgress()
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), progress).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out, progress=progress)
     # not offered is no failure: reported with its reason, tried once, and the study succeeds
     assert outcome.unavailable_cells == {("native", "scp-arcfour128"), ("box", "scp-arcfour128")}
     assert outcome.failed_cells == set() and outcome.exit_code == 0

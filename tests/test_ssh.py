@@ -18,8 +18,7 @@ from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study, preflight
+from virtlab.runner import run_study
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
 
@@ -242,11 +241,7 @@ def test_a_study_with_native_and_ssh(host, tmp_path):
     )
     assert ENVIRONMENTS.get("ssh") is SshEnvironment
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     results = json.loads((out / "results.json").read_text())
     # the host that does not answer is stored as a failed environment; the others run their trials
     assert outcome.failed_environments == {"down"} and not outcome.failed_cells

@@ -32,8 +32,8 @@ from virtlab.sampler import (
     parse_host_stat,
 )
 from virtlab.usage import USAGE_KEY, append_run
+from virtlab_cli import virtlab_run
 
-ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 1 / CLK_TCK
 BUSY = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
 
@@ -289,11 +289,7 @@ n = 2000000
 def test_a_sampled_native_and_container_study(tmp_path):
     plan = tmp_path / "usage.toml"
     plan.write_text(STUDY)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "virtlab", "run", str(plan), "--out", str(tmp_path / "out"), "--quiet"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+    done = virtlab_run(plan, tmp_path / "out", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     (run,) = results["cpu_usage"]["runs"]

@@ -22,8 +22,7 @@ from virtlab.environments.container import ContainerEnvironment, ContainerOption
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.plan import parse_plan
-from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, TrialFailure, measure_peers, open_study, preflight
+from virtlab.runner import TrialFailure, measure_peers, run_study
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link
@@ -555,11 +554,7 @@ def test_both_in_a_study(guest_image, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plan = parse_plan(STUDY, "web-db.toml")
     out = tmp_path / "out"
-    store = open_study(plan, out, resume=False)
-    try:
-        outcome = StudyRunner(plan, out, store, preflight(plan), SilentProgress()).run()
-    finally:
-        store.close()
+    outcome = run_study(plan, out)
     results = json.loads((out / "results.json").read_text())
     assert outcome.exit_code == 0, results["failures"]
     cells = {(c["environment"], c["workload"], c["metric"]): c for c in results["cells"]}

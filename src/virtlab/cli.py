@@ -36,25 +36,12 @@ def run(
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.plan import load_plan
     from virtlab.progress import RichProgress, SilentProgress
-    from virtlab.runner import StudyRunner, default_out_dir, latest_out_dir, open_study, preflight
+    from virtlab.runner import default_out_dir, latest_out_dir, run_study
 
     study_plan = load_plan(plan)
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
-    store = open_study(study_plan, out, resume)
-    try:
-        progress = SilentProgress() if quiet else RichProgress()
-        if study_plan.study.scenario is not None:
-            from virtlab.scenarios import SCENARIOS
-
-            scenario = SCENARIOS.get(study_plan.study.scenario)
-            kernels = scenario.preflight(study_plan)
-            outcome = scenario(study_plan, out, store, kernels, progress).run()
-        else:
-            kernels = preflight(study_plan, out)
-            outcome = StudyRunner(study_plan, out, store, kernels, progress).run()
-    finally:
-        store.close()
+    outcome = run_study(study_plan, out, resume, SilentProgress() if quiet else RichProgress())
     console.print(f"results: {out}/report.html")
     if outcome.failed_environments or outcome.failed_cells:
         failed = len(outcome.failed_cells) + len(outcome.failed_environments)

@@ -535,6 +535,25 @@ class StudyRunner:
         return measure_peers(self.environments, links, workload)
 
 
+def run_study(
+    plan: Plan, out_dir: Path, resume: bool = False, progress: ProgressSink | None = None
+) -> StudyOutcome:
+    """A whole study, as ``virtlab run`` runs it: its results directory opened (or resumed), the
+    host checked, then the grid runner, or the scenario the plan names, to the end."""
+    from virtlab.progress import SilentProgress
+    from virtlab.scenarios import SCENARIOS
+
+    store = open_study(plan, out_dir, resume)
+    try:
+        progress = progress or SilentProgress()
+        if plan.study.scenario is not None:
+            scenario = SCENARIOS.get(plan.study.scenario)
+            return scenario(plan, out_dir, store, scenario.preflight(plan), progress).run()
+        return StudyRunner(plan, out_dir, store, preflight(plan, out_dir), progress).run()
+    finally:
+        store.close()
+
+
 def measure_peers(
     environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
 ) -> list[Sample]:

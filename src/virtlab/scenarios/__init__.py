@@ -60,10 +60,17 @@ class Scenario(ABC):
     def preflight(cls, plan: Plan) -> KernelBuild:
         """Check the host before anything runs (raise InputError) and build the C kernels."""
 
-    @abstractmethod
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None: ...
+    ) -> None:
+        """What every scenario keeps; ``kernels`` is None when only its outputs are rebuilt
+        (``virtlab report``)."""
+        from virtlab.runner import StudyOutcome
+
+        self.plan, self.out_dir, self.store, self.kernels = plan, out_dir, store, kernels
+        self.progress = progress
+        self.config: Any = plan.scenario
+        self.outcome = StudyOutcome(out_dir)
 
     @abstractmethod
     def run(self) -> StudyOutcome: ...

@@ -305,11 +305,8 @@ class TogetherStudy(Scenario):
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
     ) -> None:
-        self.plan, self.out_dir, self.store, self.kernels = plan, out_dir, store, kernels
-        self.progress = progress
-        self.config = plan.scenario
+        super().__init__(plan, out_dir, store, kernels, progress)
         self.member = plan.environments[0]
-        self.outcome = StudyOutcome(out_dir)
 
     # -- what a subclass gives
     @abstractmethod

@@ -306,16 +306,9 @@ class MigrationLayoutScenario(Scenario):
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
     ) -> None:
-        self.plan, self.out_dir, self.store, self.kernels, self.progress = (
-            plan,
-            out_dir,
-            store,
-            kernels,
-            progress,
-        )
+        super().__init__(plan, out_dir, store, kernels, progress)
         self.config: MigrationLayoutConfig = plan.scenario
         self.workloads = {w.name: w for w in plan.workloads}
-        self.outcome = StudyOutcome(out_dir)
 
     # -- the study
     def run(self) -> StudyOutcome:

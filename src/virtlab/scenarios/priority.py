@@ -558,17 +558,10 @@ class PriorityScenario(Scenario):
     def __init__(
         self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
     ) -> None:
-        self.plan, self.out_dir, self.store, self.kernels, self.progress = (
-            plan,
-            out_dir,
-            store,
-            kernels,
-            progress,
-        )
+        super().__init__(plan, out_dir, store, kernels, progress)
         self.config: PriorityConfig = plan.scenario
         self.template = plan.environments[0]
         self.workload = plan.workloads[0]
-        self.outcome = StudyOutcome(out_dir)
 
     # -- the study
     def run(self) -> StudyOutcome:
