@@ -265,7 +265,7 @@ def test_web_parameters():
     default = WebParams()
     assert default.cgi_pcts() == (16, 2) and WebParams(profile="MIN-CGI").cgi_pcts() == (0, 2)
     assert WebParams(cgi_http_pct=50).cgi_pcts() == (50, 2)
-    assert default.split() == (6, 2) and default.timeout_s == 70
+    assert default.split() == (6, 2) and default.timeout_s == 80
     assert WebParams(https_pct=0).split() == (8, 0) and WebParams(https_pct=100).split() == (0, 8)
     assert WebParams(connections=2, https_pct=5).split() == (1, 1)  # a share > 0 gets a connection
     assert WebParams(connections=3, https_pct=99).split() == (1, 2)

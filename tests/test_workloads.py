@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
+from virtlab.workloads._base import RunsForADuration
 from virtlab.workloads.cubic_calc import CubicCalc
 from virtlab.workloads.himeno import Himeno, HimenoParams
 from virtlab.workloads.malloc_access import MallocAccess
@@ -28,6 +29,23 @@ def golden(kernel: str) -> str:
 
 def by_metric(samples):
     return {sample.metric: sample for sample in samples}
+
+
+def test_every_timeout_that_follows_the_run_is_documented_as_computed():
+    """A declared default of timeout_s that follows the run is documentation only (the validator
+    computes the value): it must say what the validator does, workload by workload."""
+    following = []
+    for kind in WORKLOADS.names():
+        params = WORKLOADS.get(kind).Params
+        if issubclass(params, RunsForADuration):
+            following.append(kind)
+            declared = params.model_fields["timeout_s"]
+            assert declared.default == params().timeout_s, kind
+            assert f"+ {params.timeout_margin_s:g}" in declared.description, kind
+            assert params.planned_as in declared.description, kind
+            with pytest.raises(ValidationError, match=f"must exceed {params.planned_as}"):
+                params(timeout_s=params.planned_s(params().model_dump()))
+    assert {"web", "database", "java", "idle", "iperf3", "cubic_calc"} <= set(following)
 
 
 def test_the_builtin_workloads_are_registered():

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticUndefined
 
 from virtlab.registry import Registry
@@ -43,6 +43,35 @@ def timeout_follows(
     except (TypeError, ValueError, ZeroDivisionError, KeyError):
         return data
     return {**data, "timeout_s": planned + margin_s} if math.isfinite(planned) else data
+
+
+class RunsForADuration(WorkloadParams):
+    """Parameters of a workload whose trial runs for a planned time (``duration_s``, plus what
+    ``planned_s`` adds): unless given, ``timeout_s`` is that time plus ``timeout_margin_s`` (the
+    servers starting, data loaded, a slow TCG guest), and a timeout that does not cover it is
+    refused. A subclass still declares ``timeout_s``, whose default and description say its margin
+    for the documentation (a test holds the default to what the validator computes)."""
+
+    timeout_margin_s: ClassVar[float] = 60.0
+    planned_as: ClassVar[str] = "duration_s"
+    """How the refusal names the planned time."""
+
+    @classmethod
+    def planned_s(cls, values: Mapping[str, Any]) -> float:
+        """The seconds a trial is planned to run, from the parameters' values."""
+        return float(values["duration_s"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_follows_the_run(cls, data: Any) -> Any:
+        return timeout_follows(cls, data, cls.planned_s, cls.timeout_margin_s)
+
+    @model_validator(mode="after")
+    def _timeout_covers_the_run(self) -> RunsForADuration:
+        planned = self.planned_s(dict(self))
+        if self.timeout_s <= planned:
+            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed {self.planned_as} ({planned:g})")
+        return self
 
 
 class Workload(ABC):

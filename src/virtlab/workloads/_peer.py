@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import Sample
-from virtlab.workloads._base import Workload, WorkloadParams, timeout_follows
+from virtlab.workloads._base import RunsForADuration, Workload, WorkloadParams
 
 if TYPE_CHECKING:  # a workload knows results, not the environments that produce them
     from virtlab.environments._base import CommandResult
@@ -89,8 +89,10 @@ class PairParams(WorkloadParams):
     )
 
 
-class PeerParams(PairParams):
+class PeerParams(PairParams, RunsForADuration):
     """Parameters of every network workload; see the module doc for who runs what."""
+
+    timeout_margin_s: ClassVar[float] = TIMEOUT_MARGIN_S
 
     timeout_s: float = Field(
         default=63.0, gt=0, description="a client running longer fails; unless given, duration_s + 60"
@@ -121,15 +123,8 @@ class PeerParams(PairParams):
         "workload, a sweep is several workloads",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _timeout_follows_duration(cls, data: Any) -> Any:
-        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
-
     @model_validator(mode="after")
     def _roles(self) -> PeerParams:
-        if self.timeout_s <= self.duration_s:
-            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s})")
         group = self.senders or self.receivers
         if self.senders and self.receivers:
             raise ValueError("give senders (N -> 1) or receivers (1 -> N), not both")

@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams, timeout_follows
+from virtlab.workloads._base import RunsForADuration
 
 
-class ThroughputParams(WorkloadParams):
+class ThroughputParams(RunsForADuration):
     """Parameters of a program that runs for a while and counts its operations every second."""
+
+    timeout_margin_s: ClassVar[float] = 600.0
+    """Setup of a slow environment (a TCG guest) besides the run."""
 
     duration_s: int = Field(default=60, ge=1, le=100_000_000, description="seconds the program runs")
     timeout_s: float = Field(
         default=660.0, gt=0, description="a trial running longer fails; unless given, duration_s + 600"
     )
     memory_mb: int = Field(default=1, ge=1, le=16_777_216, description="working memory in MiB")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _timeout_follows_duration(cls, data: Any) -> Any:
-        """Unless given, the timeout leaves the run its duration plus ten minutes for setup."""
-        return timeout_follows(cls, data, lambda v: v["duration_s"], 600.0)
-
-    @model_validator(mode="after")
-    def _timeout_after_duration(self) -> ThroughputParams:
-        if self.timeout_s <= self.duration_s:
-            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s})")
-        return self
 
 
 def throughput_samples(output: str, kernel: str) -> list[Sample]:

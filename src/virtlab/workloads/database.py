@@ -51,7 +51,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams, register_workload, timeout_follows
+from virtlab.workloads._base import RunsForADuration, WorkloadParams, register_workload
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role
 from virtlab.workloads._service import PRIVATE_DIR, client_cpu_seconds, study_token, with_run_as
 
@@ -133,7 +133,9 @@ exit $status
 )
 
 
-class DatabaseParams(PairParams):
+class DatabaseParams(PairParams, RunsForADuration):
+    timeout_margin_s: ClassVar[float] = TIMEOUT_MARGIN_S
+
     scale: int = Field(
         default=2,
         ge=1,
@@ -165,17 +167,10 @@ class DatabaseParams(PairParams):
         description="a trial running longer fails; unless given, duration_s + 120",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _timeout_follows_duration(cls, data: Any) -> Any:
-        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
-
     @model_validator(mode="after")
     def _consistent(self) -> DatabaseParams:
         if self.jobs > self.clients:
             raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients}): pgbench refuses")
-        if self.timeout_s <= self.duration_s:
-            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s})")
         return self
 
 

@@ -26,13 +26,15 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import Workload, WorkloadParams, key_values, register_workload, timeout_follows
+from virtlab.workloads._base import RunsForADuration, Workload, WorkloadParams, key_values, register_workload
 
 TIMEOUT_MARGIN_S = 60.0
 MAX_WAKES = 1_000_000  # the kernel's own bound
 
 
-class IdleParams(WorkloadParams):
+class IdleParams(RunsForADuration):
+    timeout_margin_s: ClassVar[float] = TIMEOUT_MARGIN_S
+
     duration_s: float = Field(default=60.0, gt=0, le=86400, description="seconds to idle")
     interval_ms: int = Field(
         default=100, ge=0, le=3_600_000, description="wake-up period for the lateness figures; 0: none"
@@ -41,15 +43,8 @@ class IdleParams(WorkloadParams):
         default=120.0, gt=0, description="a trial running longer fails; unless given, duration_s + 60"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _timeout_follows_duration(cls, data: object) -> object:
-        return timeout_follows(cls, data, lambda v: v["duration_s"], TIMEOUT_MARGIN_S)
-
     @model_validator(mode="after")
     def _bounds(self) -> IdleParams:
-        if self.timeout_s <= self.duration_s:
-            raise ValueError(f"timeout_s ({self.timeout_s:g}) must exceed duration_s ({self.duration_s:g})")
         if self.interval_ms and self.duration_s * 1000 / self.interval_ms > MAX_WAKES:
             raise ValueError(f"more than {MAX_WAKES} wake-ups: give a longer interval_ms")
         return self

@@ -17,12 +17,13 @@ are in every sample's metadata.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import Workload, WorkloadParams, register_workload, timeout_follows
+from virtlab.workloads._base import RunsForADuration, Workload, WorkloadParams, register_workload
 
 JAR = "jbb.jar"
 MAIN_CLASS = "Jbb"
@@ -34,7 +35,14 @@ TIMEOUT_MARGIN_S = 120.0
 FIXED_JVM_OPTIONS = ("-XX:-UsePerfData",)
 
 
-class JavaParams(WorkloadParams):
+class JavaParams(RunsForADuration):
+    timeout_margin_s: ClassVar[float] = TIMEOUT_MARGIN_S
+    planned_as: ClassVar[str] = "warmup_s + duration_s"
+
+    @classmethod
+    def planned_s(cls, values: Mapping[str, Any]) -> float:
+        return float(values["warmup_s"] + values["duration_s"])
+
     warehouses: int = Field(default=2, ge=1, le=4096, description="in-memory warehouses (about 2 MB each)")
     threads: int | None = Field(
         default=None, ge=1, le=4096, description="worker threads; unset: one per warehouse (SPECjbb's rule)"
@@ -53,13 +61,8 @@ class JavaParams(WorkloadParams):
     timeout_s: float = Field(
         default=190.0,
         gt=0,
-        description="a trial running longer fails; unless given, warm-up + duration + 120",
+        description="a trial running longer fails; unless given, warmup_s + duration_s + 120",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _timeout_follows_duration(cls, data: Any) -> Any:
-        return timeout_follows(cls, data, lambda v: v["warmup_s"] + v["duration_s"], TIMEOUT_MARGIN_S)
 
     @field_validator("jvm_options")
     @classmethod
@@ -70,15 +73,6 @@ class JavaParams(WorkloadParams):
             if option.startswith(("-Xmx", "-Xms", "-cp", "-classpath", "--class-path", "-jar")):
                 raise ValueError(f"{option!r}: the heap is heap_mb, and the class path is virtlab's")
         return options
-
-    @model_validator(mode="after")
-    def _timeout_covers_the_run(self) -> JavaParams:
-        if self.timeout_s <= self.warmup_s + self.duration_s:
-            raise ValueError(
-                f"timeout_s ({self.timeout_s:g}) must exceed warmup_s + duration_s "
-                f"({self.warmup_s + self.duration_s:g})"
-            )
-        return self
 
 
 @register_workload
