@@ -55,6 +55,12 @@ TARGET = 0.95
 LOOPBACK = "127.0.0.1"
 WEB = 'kind = "web"\nduration_s = {duration}'
 DATABASE = 'kind = "database"\nduration_s = {duration}'
+MEMORY = Path("/dev/shm")
+"""A tmpfs on Debian: there fsync costs nothing, so pgbench's figure is what the CPUs give."""
+
+Client = Callable[[Any, list[str]], dict[str, float]]
+"""Runs a workload's client by hand with the arguments virtlab gives it: metric -> figure."""
+Row = tuple[str, str, list[float], list[float], list[float]]
 
 # --------------------------------------------------------------------------
 # by hand
@@ -103,7 +109,7 @@ class Servers:
         self.log.close()
 
 
-def by_hand(workload: Any, client: Callable[[Any, list[str]], dict[str, float]]) -> dict[str, float]:
+def by_hand(workload: Any, client: Client) -> dict[str, float]:
     """The server side set up and started as virtlab would, the client run by ``client`` with the
     workload's own client arguments, everything removed afterwards."""
     bin_dir = str(build_kernels().bin_dir)
@@ -182,7 +188,7 @@ def pgbench_client(workload: Database, args: list[str]) -> dict[str, float]:
 def compare(
     rounds: int,
     workload_toml: str,
-    client: Callable[[Any, list[str]], dict[str, float]],
+    client: Client,
     metric: str,
     scratch: Path,
 ) -> tuple[list[float], list[float], list[float]]:
@@ -205,9 +211,7 @@ def compare(
     return ours, theirs, cpu
 
 
-def control(
-    rounds: int, workload_toml: str, client: Callable[[Any, list[str]], dict[str, float]], metric: str
-) -> tuple[list[float], list[float]]:
+def control(rounds: int, workload_toml: str, client: Client, metric: str) -> tuple[list[float], list[float]]:
     """The same run by hand twice a round, the copy named first going first in even rounds and second
     in odd ones, as the two sides of ``compare`` do: the ratios a harness that adds nothing gets here,
     the noise floor a verdict's CI is read against."""
@@ -232,12 +236,6 @@ def control_table(rows: list[tuple[str, str, list[float], list[float]]]) -> list
     return lines
 
 
-MEMORY = Path("/dev/shm")
-"""A tmpfs on Debian: there fsync costs nothing, so pgbench's figure is what the CPUs give."""
-
-Row = tuple[str, str, list[float], list[float], list[float]]
-
-
 def in_fresh_directory(base: Path, measure: Callable[[Path], Any]) -> Any:
     """``measure(directory)`` with a fresh directory under ``base`` as the working directory: both
     sides work in it, as virtlab's native environment does in its own."""
@@ -255,7 +253,7 @@ def compared_in(
     base: Path,
     rounds: int,
     workload_toml: str,
-    client: Callable[[Any, list[str]], dict[str, float]],
+    client: Client,
     metric: str,
 ) -> tuple[list[float], list[float], list[float]]:
     return in_fresh_directory(base, lambda scratch: compare(rounds, workload_toml, client, metric, scratch))
@@ -289,7 +287,8 @@ def apps_table(rounds: int, duration: int, with_control: bool) -> str:
         ),
     ]
     # The same with the data in memory: the virtual disk's drift gone, what virtlab could cost shows.
-    if is_tmpfs(MEMORY):
+    memory_is_tmpfs = is_tmpfs(MEMORY)
+    if memory_is_tmpfs:
         in_memory = compared_in(MEMORY, rounds, db_toml, pgbench_client, "tps")
         rows.append((pgbench("in memory (tmpfs)"), "tx/s", *in_memory))
     controls = []
@@ -303,7 +302,7 @@ def apps_table(rounds: int, duration: int, with_control: bool) -> str:
         f"{TARGET}. {JUDGED}"
     )
     parts = [lead, "", *paired_table(rows, TARGET)]
-    if not is_tmpfs(MEMORY):
+    if not memory_is_tmpfs:
         parts += ["", f"pgbench with its data in memory: not measured, {MEMORY} is not a tmpfs here."]
     if controls:
         parts += [
