@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+import marks
 from virtlab.build import KernelBuild, build_kernels
+
+pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +22,27 @@ def guest_image():
     from virtlab.image import build_image
 
     return build_image()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under CI a skip is a failure unless it is for a fact of the hardware or kernel
+    (``marks.host_fact``): what set-up installs must be there, and its tests must run."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and marks.under_ci()) or hasattr(report, "wasxfail"):
+        return
+    reason = skip_reason(report.longrepr)
+    if not reason.startswith(marks.HOST_FACT):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"CI=true: skipped for something set-up provides, not a fact of this host: {reason}\n"
+            "install it in scripts/setup.sh (scripts/debian-packages.txt), or make the reason a "
+            "marks.host_fact if it truly is one"
+        )
+
+
+def skip_reason(longrepr: object) -> str:
+    """The reason a skip report carries (pytest keeps it as (path, line, "Skipped: reason"))."""
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")

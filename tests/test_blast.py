@@ -4,13 +4,13 @@ a golden output captured from that run (tests/data/blast_output.txt), and its pa
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+import marks
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._base import key_values
@@ -37,10 +37,7 @@ SEED_OPTIONS = (
     "blastn -query q.fa -db db -task blastn -dust no -outfmt 7 -num_alignments 2 -num_descriptions 2"
 )
 
-needs_blast = pytest.mark.skipif(
-    shutil.which("blastn") is None or shutil.which("makeblastdb") is None,
-    reason="ncbi-blast+ is not installed",
-)
+needs_blast = marks.needs_tools("blastn", "makeblastdb")
 
 
 def small() -> Blast:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from marks import host_fact
 from virtlab.control import (
     ControlError,
     Controls,
@@ -56,7 +57,7 @@ THREADS = (
 )
 MEASURE_S = 2.0
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (nice -20, cgroups)")
-two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two usable CPUs")
+two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason=host_fact("needs two usable CPUs"))
 
 
 # --- pure helpers -------------------------------------------------------------------------------
@@ -303,7 +304,7 @@ def test_nice_is_set_on_every_thread_and_undone(spawn):
 
 
 cgroup_writable = pytest.mark.skipif(
-    cpu_cgroup_problem() is not None, reason=f"cpu cgroup controller: {cpu_cgroup_problem()}"
+    cpu_cgroup_problem() is not None, reason=host_fact(f"cpu cgroup controller: {cpu_cgroup_problem()}")
 )
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from marks import needs_runc
+import marks
+from marks import host_fact, needs_runc
 from virtlab.samples import ParseError
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads.dd import Dd, DdParams
@@ -31,9 +32,9 @@ KINDS = ("dd", "hdparm", "fio", "fio_latency", "ior")
 MiB = 2**20
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-needs_fio = pytest.mark.skipif(shutil.which("fio") is None, reason="needs fio (apt-get install fio)")
+needs_fio = marks.needs_tools("fio")
 needs_loop = pytest.mark.skipif(
-    os.geteuid() != 0 or any(shutil.which(t) is None for t in ("losetup", "mkfs.ext4", "partx", "hdparm")),
+    os.geteuid() != 0 or bool(marks.missing("losetup", "mkfs.ext4", "partx", "hdparm")),
     reason="needs root, losetup, partx, mkfs.ext4 and hdparm",
 )
 
@@ -418,7 +419,7 @@ def test_dd_without_o_direct_drops_the_page_cache_as_root(kernel_build, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason=host_fact("no /dev/shm"))
 def test_dd_on_tmpfs_says_the_cache_was_not_defeated(kernel_build):
     samples = parsed(Dd(DdParams(size_mb=8, directory="/dev/shm")), kernel_build)
     for sample in samples.values():
@@ -429,7 +430,7 @@ def test_dd_on_tmpfs_says_the_cache_was_not_defeated(kernel_build):
 
 
 @needs_root
-@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason=host_fact("no /dev/shm"))
 def test_dd_on_an_overlay_over_tmpfs_finds_the_memory_underneath(kernel_build, tmp_path):
     """statfs says "overlay"; the page an O_DIRECT write leaves cached says what is below it."""
     upper = Path(tempfile.mkdtemp(prefix="virtlab-test-", dir="/dev/shm"))
@@ -442,7 +443,7 @@ def test_dd_on_an_overlay_over_tmpfs_finds_the_memory_underneath(kernel_build, t
     mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=False)
     try:
         if mounted.returncode != 0:
-            pytest.skip("cannot mount an overlay here")
+            pytest.skip(host_fact("this kernel cannot mount an overlay here"))
         write, read = parsed(Dd(DdParams(size_mb=8, directory=str(merged))), kernel_build).values()
         assert (write.metadata["fs"], write.metadata["odirect_note"]) == ("overlay", "still-cached")
         assert write.metadata["cache"] == read.metadata["cache"] == "not-defeated"

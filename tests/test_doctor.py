@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import marks
+from marks import host_fact
 from virtlab import accel
 from virtlab.accel import (
     BOOT_SECTOR,
@@ -96,7 +98,7 @@ def test_boot_sector_is_a_boot_sector() -> None:
         assert f"VLPROBE {stage}\n".encode() in BOOT_SECTOR
 
 
-@pytest.mark.skipif(shutil.which("nasm") is None, reason="nasm not installed (apt-get install nasm)")
+@marks.needs_tools("nasm")
 def test_boot_sector_bytes_are_its_source_assembled(tmp_path: Path) -> None:
     (tmp_path / "probe.asm").write_text(BOOT_SECTOR_ASM)
     subprocess.run(
@@ -159,7 +161,7 @@ def test_plain_integer_code_tells_emulation_from_acceleration(
     plain_kvm, plain_tcg = independent["plain-kvm"], independent["plain-tcg"]
     assert plain_tcg.ok and plain_tcg.stages == PROBE_STAGES
     if plain_kvm is None:
-        pytest.skip("/dev/kvm cannot be opened here")
+        pytest.skip(host_fact("/dev/kvm cannot be opened here"))
     accelerated = plain_kvm.ok and not accel._emulated(plain_kvm, plain_tcg)
     # KVM that runs even plain code only by emulating it is never declared usable.
     if report.kvm_probe["kvm_usable"]:

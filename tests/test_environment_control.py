@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from marks import needs_runc
+from marks import host_fact, needs_runc
 from proc_watch import ProcWatcher
 from virtlab.control.environment import plan_problems
 from virtlab.control.priority import cpu_cgroup_problem
@@ -22,10 +22,13 @@ from virtlab_cli import CLI, cli_env, virtlab
 
 USABLE = sorted(os.sched_getaffinity(0))
 PIN = USABLE[-1]  # one CPU of those this process may use: pinned, a command is visibly narrower
-needs_two_cpus = pytest.mark.skipif(len(USABLE) < 2, reason="pinning is only visible with two usable CPUs")
+needs_two_cpus = pytest.mark.skipif(
+    len(USABLE) < 2, reason=host_fact("pinning is only visible with two usable CPUs")
+)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="nice below 0 and cgroups need root")
 needs_cgroup = pytest.mark.skipif(
-    os.geteuid() != 0 or cpu_cgroup_problem() is not None, reason="needs a writable cpu cgroup"
+    os.geteuid() == 0 and cpu_cgroup_problem() is not None,
+    reason=host_fact(f"no writable cpu cgroup: {cpu_cgroup_problem()}"),
 )
 
 
@@ -200,6 +203,7 @@ def is_native_primes(argv: tuple[str, ...]) -> bool:
 
 
 @needs_two_cpus
+@needs_root
 @needs_cgroup
 def test_a_native_command_runs_pinned_and_in_its_cgroup(tmp_path):
     plan = tmp_path / "native.toml"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import marks
 from virtlab.build import build_kernels
 from virtlab.image import (
     READY_MARKER,
@@ -196,6 +197,7 @@ def test_spec_round_trips_through_json():
     ("shell", "script"),
     [("sh", "guest-init.sh"), ("sh", "shutdown.sh"), ("busybox", "init.sh")],
 )
+@marks.needs_tools("busybox")
 def test_shell_scripts_parse(shell, script):
     argv = ["busybox", "sh", "-n"] if shell == "busybox" else ["sh", "-n"]
     done = subprocess.run([*argv, str(IMAGE_DIR / script)], capture_output=True, text=True)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import marks
+from marks import host_fact
 from virtlab.metadata import (
     CHECKED_FIELDS,
     METADATA_FIELDS,
@@ -93,7 +94,7 @@ def test_cgroup_version_of_this_host(host: dict) -> None:
     elif any(root.glob("*/tasks")):
         expected = "v1"
     else:
-        pytest.skip("cannot tell the cgroup layout independently")
+        pytest.skip(host_fact("cannot tell the cgroup layout independently"))
     assert host["cgroup_version"] == expected
 
 
@@ -140,7 +141,7 @@ def test_tool_versions_are_what_the_tools_say() -> None:
     assert versions["python3"] == (out.stdout or out.stderr).strip()
 
 
-@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl not installed")
+@marks.needs_tools("numactl")
 def test_tool_without_version_flag_gets_its_package_version() -> None:
     version = collect_tool_versions(["numactl"])["numactl"]
     package = subprocess.run(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+import marks
 from marks import needs_runc
 from virtlab import network, testhost
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
@@ -30,9 +31,7 @@ from virtlab.workloads.nuttcp import Nuttcp, parse_lines
 
 DATA = Path(__file__).parent / "data"
 
-needs_tools = pytest.mark.skipif(
-    shutil.which("iperf3") is None or shutil.which("nuttcp") is None, reason="needs iperf3 and nuttcp"
-)
+needs_tools = marks.needs_tools("iperf3", "nuttcp")
 
 
 def iperf3(**params) -> Iperf3:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import marks
 from marks import needs_runc
 from virtlab import nfs
 from virtlab.environments._base import EnvironmentError_
@@ -20,7 +20,7 @@ from virtlab.workloads.dd import Dd
 from virtlab_cli import virtlab
 
 needs_ganesha = pytest.mark.skipif(nfs.missing() is not None, reason=str(nfs.missing()))
-needs_libnfs = pytest.mark.skipif(shutil.which("nfs-ls") is None, reason="libnfs-utils is not installed")
+needs_libnfs = marks.needs_tools("nfs-ls")
 
 
 def test_config_exports_one_directory_to_the_named_clients_only(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from marks import host_fact
 from virtlab.numa import Node, Topology, TopologyError, parse_cpulist
 from virtlab.numa.topology import MIB, SYSFS_NODES
 
@@ -78,7 +79,7 @@ def test_broken_trees_get_a_clear_error(tmp_path: Path):
         Topology.from_sysfs(root2)
 
 
-@pytest.mark.skipif(not SYSFS_NODES.is_dir(), reason="kernel without NUMA sysfs")
+@pytest.mark.skipif(not SYSFS_NODES.is_dir(), reason=host_fact("kernel without NUMA sysfs"))
 def test_this_host():
     topo = Topology.from_sysfs()
     assert len(topo.nodes) >= 1

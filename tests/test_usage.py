@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from marks import needs_runc
+from marks import host_fact, needs_root, needs_runc
 from virtlab.export.usage import (
     environment_series,
     host_series,
@@ -232,7 +232,8 @@ def _cpuacct_mount() -> Path | None:
     return None
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or _cpuacct_mount() is None, reason="needs root and cgroup v1 cpuacct")
+@needs_root
+@pytest.mark.skipif(_cpuacct_mount() is None, reason=host_fact("this kernel has no cgroup v1 cpuacct"))
 def test_a_cgroup_counter_matches_the_proc_accounting_of_its_process(busy):
     group = _cpuacct_mount() / "virtlab" / f"usage-test-{os.getpid()}"  # type: ignore[operator]
     group.mkdir(parents=True)

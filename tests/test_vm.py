@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from marks import host_fact
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.vm import (
     CONSOLE_LOG,
@@ -193,7 +194,7 @@ def test_accel_kvm_where_kvm_fails_is_bad_input_before_anything_runs():
 
     probe = probe_kvm()
     if probe.kvm_usable:
-        pytest.skip(f"KVM works on this host ({probe.reason})")
+        pytest.skip(host_fact(f"KVM works on this host ({probe.reason})"))
     plan = parse_plan(
         '[study]\nname = "k"\n[[environment]]\nname = "v"\nkind = "vm"\naccel = "kvm"\n'
         '[[workload]]\nname = "p"\nkind = "primes"\nn = 100\n',
@@ -210,7 +211,7 @@ def test_accel_kvm_where_kvm_fails_is_bad_input_before_anything_runs():
 def test_hardware_the_guest_kernel_cannot_drive_is_refused(guest_image, kernel_build, tmp_path):
     missing = guest_image.manifest["missing_drivers"]
     if "e1000" not in missing or "ahci" not in missing:
-        pytest.skip(f"this guest kernel has e1000 and ahci (missing: {missing})")
+        pytest.skip(host_fact(f"this guest kernel has e1000 and ahci (missing: {missing})"))
     for options, fix in (
         (VmOptions(accel="tcg", nic="e1000"), 'kernel_flavour = "amd64"'),
         (VmOptions(accel="tcg", disk_bus="ide"), 'machine = "pc"'),

@@ -36,7 +36,7 @@ TOOL_PACKAGES: dict[str, str] = {
     "nuttcp": "nuttcp",
     "hdparm": "hdparm",
     "sysbench": "sysbench",
-    "debootstrap": "debootstrap",
+    "mmdebstrap": "mmdebstrap",
     "perf": "linux-perf",
     "numactl": "numactl",
     "chromium": "chromium",
@@ -44,7 +44,7 @@ TOOL_PACKAGES: dict[str, str] = {
     "stress-ng": "stress-ng",
     "pi": "pi",
     "wrk": "wrk",
-    "nginx": "nginx-light",
+    "nginx": "nginx",
     "pgbench": "postgresql",
 }
 PERF_EVENTS = ("instructions", "cycles", "cache-misses")

@@ -194,6 +194,9 @@ class Environment(ABC):
     kind: ClassVar[str]
     summary: ClassVar[str]
     Options: ClassVar[type[EnvironmentOptions]] = EnvironmentOptions
+    host_tools: ClassVar[dict[str, str]] = {}
+    """Programs this kind runs on virtlab's host to drive its environments -> Debian package
+    (set-up installs them; a test holds scripts/debian-packages.txt to every kind's list)."""
 
     @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:

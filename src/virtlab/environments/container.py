@@ -132,6 +132,7 @@ class ContainerEnvironment(Environment):
     kind = "container"
     summary = "an OCI container run by runc: own namespaces, cgroup CPU/memory limits, virtlab bridge"
     Options = ContainerOptions
+    host_tools = {"runc": "runc"}
 
     options: ContainerOptions
 
@@ -154,9 +155,11 @@ class ContainerEnvironment(Environment):
     @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, ContainerOptions)
-        problems = []
-        if shutil.which("runc") is None:
-            problems.append("runc is not installed on this host: apt-get install runc")
+        problems = [
+            f"{tool} is not installed on this host: apt-get install {package}"
+            for tool, package in cls.host_tools.items()
+            if shutil.which(tool) is None
+        ]
         if options.network == "bridge":
             for tool, package in vnet.missing_tools().items():
                 problems.append(f"{tool} is not installed on this host: apt-get install {package}")

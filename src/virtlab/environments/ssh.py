@@ -230,6 +230,7 @@ class SshEnvironment(Environment):
         "an existing machine over SSH (key auth, strict host keys): a guest of Xen/ESXi/Hyper-V, a cloud host"
     )
     Options = SshOptions
+    host_tools = {"ssh": "openssh-client", "scp": "openssh-client"}
 
     options: SshOptions
 
@@ -250,8 +251,8 @@ class SshEnvironment(Environment):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, SshOptions)
         problems = [
-            f"the OpenSSH client ({tool}) is not installed on this host: apt-get install openssh-client"
-            for tool in ("ssh", "scp")
+            f"the OpenSSH client ({tool}) is not installed on this host: apt-get install {package}"
+            for tool, package in cls.host_tools.items()
             if shutil.which(tool) is None
         ]
         if options.identity_file is not None:

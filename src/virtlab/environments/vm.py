@@ -532,6 +532,7 @@ class VmEnvironment(Environment):
     kind = "vm"
     summary = "a QEMU VM (KVM when it really works, else TCG) driven over QMP, commands via the guest agent"
     Options = VmOptions
+    host_tools = {QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"}
 
     options: VmOptions
 
@@ -561,7 +562,7 @@ class VmEnvironment(Environment):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, VmOptions)
         problems = []
-        for tool, package in ((QEMU, "qemu-system-x86"), ("qemu-img", "qemu-utils")):
+        for tool, package in cls.host_tools.items():
             if shutil.which(tool) is None:
                 problems.append(f"{tool} is not installed on this host (apt-get install {package})")
         if options.network == "bridge":

@@ -252,7 +252,7 @@ def _clear_stale_builds(images: Path, key: str) -> None:
 
 # --------------------------------------------------------------------------- build steps
 
-_TOOLS = {
+IMAGE_TOOLS = {
     "mmdebstrap": "mmdebstrap",
     "apt-get": "apt",
     "apt-cache": "apt",
@@ -263,7 +263,7 @@ _TOOLS = {
 
 def missing_tools(tools: dict[str, str] | None = None) -> dict[str, str]:
     """Host programs an image build needs and does not find: program -> Debian package."""
-    return {tool: pkg for tool, pkg in (tools or _TOOLS).items() if shutil.which(tool) is None}
+    return {tool: pkg for tool, pkg in (tools or IMAGE_TOOLS).items() if shutil.which(tool) is None}
 
 
 def _check_host() -> None:

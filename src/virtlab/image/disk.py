@@ -33,7 +33,7 @@ from virtlab.image.builder import (
 )
 
 FORMATS = ("raw", "qcow2")
-_DISK_TOOLS = {
+DISK_TOOLS = {
     "mkfs.ext4": "e2fsprogs", "debugfs": "e2fsprogs", "e2fsck": "e2fsprogs", "qemu-img": "qemu-utils",
 }  # fmt: skip
 _DISK_RECIPE = 1
@@ -180,7 +180,7 @@ def make_disk(
     """
     if format not in FORMATS:
         raise ValueError(f"disk format {format!r}: expected one of {', '.join(FORMATS)}")
-    missing = missing_tools(_DISK_TOOLS)
+    missing = missing_tools(DISK_TOOLS)
     if missing:
         raise ImageError(
             f"making VM disks needs {', '.join(sorted(missing))}: "
