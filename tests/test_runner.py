@@ -17,6 +17,7 @@ from fake_environment import FaultyEnvironment
 from virtlab.environments import ENVIRONMENTS
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.plan import parse_plan
+from virtlab.outputs import Throttle
 from virtlab.runner import run_study
 from virtlab_cli import CLI, cli_env
 
@@ -181,3 +182,18 @@ def test_adaptive_repetition_adds_trials_while_the_spread_is_above_target(tmp_pa
     for _env, workload, _trial in stored_trials(out):
         counts[workload] = counts.get(workload, 0) + 1
     assert counts == {"primes": 5, "noop": 3}
+
+
+def test_throttle_is_due_once_per_interval_on_its_clock():
+    now = [100.0]
+    throttle = Throttle(30.0, clock=lambda: now[0])
+    assert not throttle.due()  # just started: the first round does not rewrite at once
+    now[0] = 129.9
+    assert not throttle.due()
+    now[0] = 130.0
+    assert throttle.due()
+    assert not throttle.due()  # the interval starts again from the rewrite
+    now[0] = 159.0
+    assert not throttle.due()
+    now[0] = 160.5
+    assert throttle.due()

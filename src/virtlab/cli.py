@@ -35,13 +35,15 @@ def run(
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.plan import load_plan
-    from virtlab.progress import RichProgress, SilentProgress
+    from virtlab.progress import LogProgress, RichProgress, SilentProgress
     from virtlab.runner import default_out_dir, latest_out_dir, run_study
 
     study_plan = load_plan(plan)
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
-    outcome = run_study(study_plan, out, resume, SilentProgress() if quiet else RichProgress())
+    # A log (CI, `| tee`) gets plain lines; a live bar there would show nothing until the end.
+    progress = SilentProgress() if quiet else RichProgress() if sys.stdout.isatty() else LogProgress()
+    outcome = run_study(study_plan, out, resume, progress)
     console.print(f"results: {out}/report.html")
     if outcome.failed_environments or outcome.failed_cells:
         failed = len(outcome.failed_cells) + len(outcome.failed_environments)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,26 @@ def write_outputs(out_dir: Path, store: ResultStore, reports: bool = True) -> di
     if reports:
         write_reports(results, out_dir)
     return results
+
+
+class Throttle:
+    """Says when a periodic chore is due: at most once every ``interval_s`` on ``clock``. The
+    runner rewrites results.json and results.csv with it during a study: each rewrite reads every
+    trial, so rewriting after every round would make the study's bookkeeping grow with the square
+    of its size. results.sqlite holds every trial the moment it ends whatever this says, and the
+    study's end rewrites everything."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last = clock()
+
+    def due(self) -> bool:
+        now = self.clock()
+        if now - self._last < self.interval_s:
+            return False
+        self._last = now
+        return True
 
 
 def open_results_dir(directory: Path) -> ResultStore:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import sys
+import threading
+import time
+from typing import Protocol, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -94,3 +97,76 @@ class RichProgress:
     def stop(self) -> None:
         if self._task is not None:
             self._progress.stop()
+
+
+def clock_text(seconds: float) -> str:
+    """``seconds`` as h:mm:ss (m:ss under an hour), for a log line."""
+    whole = max(0, int(round(seconds)))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def progress_line(done: int, total: int, what: str, elapsed_s: float, state: str) -> str:
+    """One log line of a study's progress; the ETA assumes the runs left take as long as the ones
+    done did on average (none done yet: no ETA)."""
+    eta = clock_text(elapsed_s / done * (total - done)) if 0 < done <= total else "?"
+    return f"[{done}/{total}] {state} {what} · elapsed {clock_text(elapsed_s)} · eta {eta}"
+
+
+class LogProgress:
+    """For a log rather than a terminal (CI, ``| tee``): a line when each run starts and ends, and
+    while one runs a line at least every ``every_s`` seconds, so a long trial or an image build
+    never looks like a hang."""
+
+    def __init__(self, stream: TextIO | None = None, every_s: float = 30.0) -> None:
+        self.stream = stream or sys.stdout
+        self.every_s = every_s
+        self.total = 0
+        self.done = 0
+        self._what = "starting"
+        self._started = time.monotonic()
+        self._last_line = 0.0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="virtlab-progress", daemon=True)
+        self._heartbeat.start()
+
+    def start(self, total: int) -> None:
+        with self._lock:
+            self.total = total
+
+    def add_total(self, extra: int) -> None:
+        with self._lock:
+            self.total += extra
+
+    def trial(self, environment: str, workload: str, label: str) -> None:
+        with self._lock:
+            self._what = f"{workload} @ {environment}" + (f" · {label}" if label else "")
+            self._write("running")
+
+    def advance(self) -> None:
+        with self._lock:
+            self.done += 1
+            self._write("done")
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self._print(text)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(min(self.every_s, 1.0)):
+            with self._lock:
+                if time.monotonic() - self._last_line >= self.every_s:
+                    self._write("running")
+
+    def _write(self, state: str) -> None:
+        elapsed = time.monotonic() - self._started
+        self._print(progress_line(self.done, self.total, self._what, elapsed, state))
+
+    def _print(self, text: str) -> None:
+        self._last_line = time.monotonic()
+        print(text, file=self.stream, flush=True)

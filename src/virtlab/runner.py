@@ -31,7 +31,7 @@ from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
 from virtlab.errors import InputError
 from virtlab.hostcache import drop_host_caches
-from virtlab.outputs import write_outputs
+from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
@@ -44,6 +44,9 @@ from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, Role, ServerPl
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 LISTEN_WAIT_S = 30.0
 """How long a client keeps trying to connect while its server starts (a TCG guest is slow)."""
+OUTPUTS_EVERY_S = 30.0
+"""During a study results.json and results.csv are rewritten at most this often (results.sqlite
+has every trial at once; the end rewrites all), so that a trial costs the same in a long study."""
 _RETRY_S = 0.25
 _SERVER_STOP_S = 5.0
 _STEP_TIMEOUT_S = 120.0
@@ -204,6 +207,7 @@ class StudyRunner:
         self.usage: StudyUsage | None = None
         self._manifests: dict[str, dict[str, Any]] = {}
         self.storage = SharedStorage(out_dir / "storage")
+        self._rewrite = Throttle(OUTPUTS_EVERY_S)
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
@@ -458,11 +462,18 @@ class StudyRunner:
                 if task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells:
                     self.progress.advance()
                     continue
-                self.progress.trial(task.environment, task.workload, task.label)
+                self.progress.trial(task.environment, task.workload, self._label(task))
                 self._run_task(task)
                 self.progress.advance()
-            self._store_usage()
-            write_outputs(self.out_dir, self.store, reports=False)
+            if self._rewrite.due():
+                self._store_usage()
+                write_outputs(self.out_dir, self.store, reports=False)
+
+    def _label(self, task: Task) -> str:
+        if task.trial is None:
+            return task.label
+        planned = max(self.plan.study.first_trials, task.trial + 1)
+        return f"{task.label} of {planned}"
 
     def _run_task(self, task: Task) -> None:
         environment = self.environments[task.environment]
