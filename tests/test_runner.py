@@ -15,9 +15,9 @@ import pytest
 
 from fake_environment import FaultyEnvironment
 from virtlab.environments import ENVIRONMENTS
-from virtlab.environments._base import SETUP_WORKLOAD
-from virtlab.plan import parse_plan
+from virtlab.environments._base import SETUP_WORKLOAD, CommandResult
 from virtlab.outputs import Throttle
+from virtlab.plan import parse_plan
 from virtlab.runner import run_study
 from virtlab_cli import CLI, cli_env
 
@@ -95,7 +95,7 @@ def test_a_failing_cell_is_stored_with_its_log_and_the_rest_goes_on(tmp_path):
     results = json.loads((out / "results.json").read_text())
     [failure] = results["failures"]
     assert failure["environment"] == "other" and failure["workload"] == "noop"
-    assert failure["error"] == "exit status 3"
+    assert failure["error"] == "exit status 3: injected failure"  # the command's own last word
     assert "injected failure" in failure["log"]
     assert ("other", "primes-small", 2) in stored_trials(out)
     assert "injected failure" in (out / "report.md").read_text()
@@ -197,3 +197,16 @@ def test_throttle_is_due_once_per_interval_on_its_clock():
     assert not throttle.due()
     now[0] = 160.5
     assert throttle.due()
+
+
+def test_a_command_status_carries_its_last_word_on_why():
+    def result(code: int, stderr: str, timed_out: bool = False) -> CommandResult:
+        return CommandResult(("hdparm", "-t"), code, "", stderr, 0.1, timed_out)
+
+    said = "warming up\n cannot open /dev/vda for reading: Operation not permitted \n\n"
+    assert (
+        result(1, said).status() == "exit status 1: cannot open /dev/vda for reading: Operation not permitted"
+    )
+    assert result(3, "").status() == "exit status 3"
+    assert result(-9, "half a line", timed_out=True).status() == "timed out"
+    assert result(1, "x" * 1000).status() == "exit status 1: " + "x" * 300

@@ -90,26 +90,43 @@ def latest_out_dir(plan: Plan, root: Path = Path("results")) -> Path | None:
     return candidates[-1].parent if candidates else None
 
 
-def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
-    existing = (out_dir / ResultStore.FILENAME).exists()
-    if resume and not existing:
-        raise InputError(
-            str(out_dir), "nothing to resume here", "drop --resume, or give --out of an earlier run"
-        )
-    if existing and not resume:
-        raise InputError(
-            str(out_dir), "already holds results", "add --resume to continue it, or choose another --out"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    store = ResultStore.in_dir(out_dir)
-    if resume and store.get("plan_sha256") != plan.sha256:
+def check_results_dir(plan: Plan, out_dir: Path, resume: bool) -> bool:
+    """Whether ``out_dir`` may take this run, writing nothing: InputError if not. Returns whether it
+    holds a study's findings (trials or failures); one that holds none, such as what a refused
+    run of an earlier virtlab left, is started afresh by a plain run or by --resume, whatever plan
+    began it."""
+    path = out_dir / ResultStore.FILENAME
+    if not path.exists():
+        if resume:
+            raise InputError(
+                str(out_dir), "nothing to resume here", "drop --resume, or give --out of an earlier run"
+            )
+        return False
+    store = ResultStore(path)
+    try:
+        findings = store.holds_findings()
+        if findings and not resume:
+            raise InputError(
+                str(out_dir), "already holds results", "add --resume to continue it, or choose another --out"
+            )
+        if findings and store.get("plan_sha256") != plan.sha256:
+            raise InputError(
+                plan.source,
+                f"differs from the plan that started {out_dir}",
+                "resume with the same plan file, or start a new study",
+            )
+    finally:
         store.close()
-        raise InputError(
-            plan.source,
-            f"differs from the plan that started {out_dir}",
-            "resume with the same plan file, or start a new study",
-        )
-    return store
+    return findings
+
+
+def open_study(plan: Plan, out_dir: Path, resume: bool) -> ResultStore:
+    """The results store of this run: the one a study left to --resume, or a new one (replacing a
+    store that holds no findings)."""
+    if not check_results_dir(plan, out_dir, resume):
+        ResultStore.remove(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return ResultStore.in_dir(out_dir)
 
 
 def _space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> list[str]:
@@ -531,7 +548,7 @@ class StudyRunner:
         if result.timed_out:
             raise TrialFailure(f"timed out after {workload.timeout_s:g} s", result.log())
         if result.exit_code != 0:
-            raise TrialFailure(f"exit status {result.exit_code}", result.log())
+            raise TrialFailure(result.status(), result.log())
         try:
             return workload.parse(result.stdout)
         except ParseError as error:
@@ -554,13 +571,26 @@ def run_study(
     from virtlab.progress import SilentProgress
     from virtlab.scenarios import SCENARIOS
 
+    # Everything that can refuse the run does so before the results directory is touched, so a
+    # refused run leaves nothing that the same command would then refuse.
+    check_results_dir(plan, out_dir, resume)
+    scenario = SCENARIOS.get(plan.study.scenario) if plan.study.scenario is not None else None
+    kernels = scenario.preflight(plan) if scenario is not None else preflight(plan, out_dir)
+    created = not out_dir.exists()
     store = open_study(plan, out_dir, resume)
     try:
         progress = progress or SilentProgress()
-        if plan.study.scenario is not None:
-            scenario = SCENARIOS.get(plan.study.scenario)
-            return scenario(plan, out_dir, store, scenario.preflight(plan), progress).run()
-        return StudyRunner(plan, out_dir, store, preflight(plan, out_dir), progress).run()
+        if scenario is not None:
+            return scenario(plan, out_dir, store, kernels, progress).run()
+        return StudyRunner(plan, out_dir, store, kernels, progress).run()
+    except InputError:
+        # Refused after all (a check that needs the store): leave no store without findings.
+        if not store.holds_findings():
+            store.close()
+            ResultStore.remove(out_dir)
+            if created and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+        raise
     finally:
         store.close()
 
@@ -653,10 +683,7 @@ def _run_step(environment: Environment, name: str, role: Role, commands: list[li
     for argv in commands:
         result = environment.run(argv, _STEP_TIMEOUT_S)
         if not result.ok:
-            status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
-            said = result.stderr.strip().splitlines()[-1:]  # a set-up step's own last word says why
-            why = f"{argv[0]}: {status}" + "".join(f": {line}" for line in said)
-            raise TrialFailure(f"setting up the {role} in {name}: {why}", result.log())
+            raise TrialFailure(f"setting up the {role} in {name}: {argv[0]}: {result.status()}", result.log())
 
 
 def _clean_up(
@@ -673,8 +700,9 @@ def _clean_up(
                 failures.append((f"cleaning up the {role} in {name}: {error}", getattr(error, "log", "")))
                 continue
             if not result.ok:
-                status = "timed out" if result.timed_out else f"exit status {result.exit_code}"
-                failures.append((f"cleaning up the {role} in {name}: {argv[0]}: {status}", result.log()))
+                failures.append(
+                    (f"cleaning up the {role} in {name}: {argv[0]}: {result.status()}", result.log())
+                )
     return failures
 
 

@@ -79,6 +79,12 @@ class ResultStore:
     def close(self) -> None:
         self._db.close()
 
+    @classmethod
+    def remove(cls, directory: Path) -> None:
+        """Delete a closed store of ``directory``, with SQLite's write-ahead log files."""
+        for suffix in ("", "-wal", "-shm"):
+            (directory / f"{cls.FILENAME}{suffix}").unlink(missing_ok=True)
+
     # study-wide values (plan, metadata, status) as JSON
     def put(self, key: str, value: Any) -> None:
         self._db.execute("INSERT OR REPLACE INTO study VALUES (?, ?)", (key, json.dumps(value)))
@@ -124,6 +130,13 @@ class ResultStore:
                 environment, workload, trial, started, elapsed,
                 tuple(Sample(**sample) for sample in json.loads(samples)),
             )  # fmt: skip
+
+    def holds_findings(self) -> bool:
+        """Whether any trial or failure is stored: what a study found, never to be discarded."""
+        row = self._db.execute(
+            "SELECT EXISTS (SELECT 1 FROM trials) OR EXISTS (SELECT 1 FROM failures)"
+        ).fetchone()
+        return bool(row[0])
 
     def trial_counts(self) -> dict[tuple[str, str], int]:
         rows = self._db.execute(

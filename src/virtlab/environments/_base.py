@@ -41,6 +41,10 @@ class EnvironmentOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_CAUSE_CHARS = 300
+"""A command's last stderr line is cut to this in a failure's one-line cause (its log keeps all)."""
+
+
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
@@ -53,6 +57,13 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+    def status(self) -> str:
+        """How the command ended, with its own last word on why: "exit status 1: cannot open
+        /dev/vda for reading: Operation not permitted" (the last line of its stderr, if any)."""
+        ended = "timed out" if self.timed_out else f"exit status {self.exit_code}"
+        said = self.stderr.strip().splitlines()[-1:] if not self.timed_out else []
+        return ended + "".join(f": {line.strip()[:_CAUSE_CHARS]}" for line in said)
 
     def log(self, limit: int = 20_000) -> str:
         """The command, its status and the tail of its output, for a failure record."""

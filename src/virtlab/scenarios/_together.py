@@ -135,7 +135,7 @@ def measure_inside(environment: Environment, workload: Workload) -> list[Sample]
     if result.timed_out:
         raise TrialFailure(f"timed out after {workload.timeout_s:g} s", result.log())
     if result.exit_code != 0:
-        raise TrialFailure(f"exit status {result.exit_code}", result.log())
+        raise TrialFailure(result.status(), result.log())
     try:
         return workload.parse(result.stdout)
     except ParseError as error:
