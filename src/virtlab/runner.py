@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import posixpath
+import shutil
 import signal
 import tempfile
 import time
@@ -104,7 +105,7 @@ def check_results_dir(plan: Plan, out_dir: Path, resume: bool) -> bool:
         return False
     store = ResultStore(path)
     try:
-        findings = store.holds_findings()
+        findings = store.holds_findings(besides=SETUP_WORKLOAD)
         if findings and not resume:
             raise InputError(
                 str(out_dir), "already holds results", "add --resume to continue it, or choose another --out"
@@ -236,6 +237,7 @@ class StudyRunner:
 
     def run(self) -> StudyOutcome:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        refused = False
         self._record_study()
         self._show_notices()
         if self.plan.study.cpu_sample_interval_s is not None:
@@ -243,8 +245,12 @@ class StudyRunner:
         try:
             self._provision_all()
             self._start_storage()
+            self._check_room()
             self._run_rounds()
             self.store.put("status", "finished")
+        except InputError:
+            refused = True
+            raise
         except KeyboardInterrupt:
             self.outcome.interrupted = True
             self.store.put("status", "interrupted")
@@ -254,7 +260,8 @@ class StudyRunner:
             self.progress.stop()
             self._teardown_all()
             self._store_usage(final=True)
-            self._finish_study()
+            if not refused:
+                self._finish_study()
         return self.outcome
 
     # -- study record ------------------------------------------------------------------
@@ -428,6 +435,41 @@ class StudyRunner:
         }
         self.store.put("metadata", metadata)
 
+    def _check_room(self) -> None:
+        """Every cell's files fit where they go, asked of the running environments before the first
+        trial (a guest's free space is known only once it has booted): else one refusal with the
+        figures and the key to change, not a failure of every trial an hour later."""
+        counts, problems = self.store.trial_counts(), []
+        for env_name, workload_name in self._runnable():
+            workload = self.workloads[workload_name].workload
+            needed = getattr(workload, "required_space_mb", 0)
+            if (
+                not needed
+                or uses_nfs(workload)
+                or counts.get((env_name, workload_name), 0) >= self.plan.study.trials
+            ):
+                continue
+            directory = getattr(workload.params, "directory", ".")
+            free = self.environments[env_name].free_space_now_mb(directory)
+            if free is not None and free < needed:
+                kind = next(env.kind for env in self.plan.environments if env.name == env_name)
+                room = (
+                    " (a VM: raise disk_size_mb, the size of the guest's disk)"
+                    if kind in ("vm", "libvirt")
+                    else ""
+                )
+                problems.append(
+                    f"environment {env_name!r}, workload {workload_name!r}: needs {needed} MiB free in "
+                    f"{directory!r}, which has {free} MiB{room}"
+                )
+        if problems:
+            more = f" (and {len(problems) - 1} more cells)" if len(problems) > 1 else ""
+            raise InputError(
+                self.plan.source,
+                problems[0] + more,
+                "give the environment more room or make the file smaller",
+            )
+
     # -- trials ------------------------------------------------------------------------
     def _runnable(self) -> list[Cell]:
         return [cell for cell in self.cells if cell[0] in self.environments]
@@ -584,12 +626,14 @@ def run_study(
             return scenario(plan, out_dir, store, kernels, progress).run()
         return StudyRunner(plan, out_dir, store, kernels, progress).run()
     except InputError:
-        # Refused after all (a check that needs the store): leave no store without findings.
-        if not store.holds_findings():
+        # Refused after all, by a check that needs the environments running (a guest's free
+        # space): what this run made goes, unless a study's findings are in it.
+        if not store.holds_findings(besides=SETUP_WORKLOAD):
             store.close()
-            ResultStore.remove(out_dir)
-            if created and not any(out_dir.iterdir()):
-                out_dir.rmdir()
+            if created:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            else:
+                ResultStore.remove(out_dir)
         raise
     finally:
         store.close()

@@ -131,10 +131,12 @@ class ResultStore:
                 tuple(Sample(**sample) for sample in json.loads(samples)),
             )  # fmt: skip
 
-    def holds_findings(self) -> bool:
-        """Whether any trial or failure is stored: what a study found, never to be discarded."""
+    def holds_findings(self, besides: str = "") -> bool:
+        """Whether any trial (of a workload other than ``besides``) or failure is stored: what a
+        study found, never to be discarded."""
         row = self._db.execute(
-            "SELECT EXISTS (SELECT 1 FROM trials) OR EXISTS (SELECT 1 FROM failures)"
+            "SELECT EXISTS (SELECT 1 FROM trials WHERE workload != ?) OR EXISTS (SELECT 1 FROM failures)",
+            (besides,),
         ).fetchone()
         return bool(row[0])
 

@@ -41,6 +41,7 @@ class EnvironmentOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_DF_TIMEOUT_S = 60.0
 _CAUSE_CHARS = 300
 """A command's last stderr line is cut to this in a failure's one-line cause (its log keeps all)."""
 
@@ -240,6 +241,17 @@ class Environment(ABC):
         if not self._provisioned:
             raise RuntimeError(f"environment {self.name!r} runs a command before provision()")
         return self._run(list(argv), timeout_s)
+
+    def free_space_now_mb(self, directory: str) -> int | None:
+        """MiB free in ``directory`` as this running environment's commands see it (``df`` run in
+        it: a guest's disk, a container's volume, a remote host's), or None when it cannot tell."""
+        try:
+            result = self.run(["df", "-Pk", "--", directory], _DF_TIMEOUT_S)
+        except (EnvironmentError_, OSError):
+            return None
+        lines = result.stdout.strip().splitlines() if result.ok else []
+        fields = lines[-1].split() if lines else []
+        return int(fields[3]) // 1024 if len(fields) >= 4 and fields[3].isdigit() else None
 
     def start(self, argv: list[str]) -> BackgroundCommand:
         """Start ``argv`` in the background (a network test's server) and return at once; the

@@ -53,7 +53,11 @@ class NativeEnvironment(Environment):
 
     @classmethod
     def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
-        return shutil.disk_usage(directory).free // 2**20  # relative: to where virtlab runs, as the trial
+        # A relative directory is the environment's working directory's, under the results directory.
+        place = workdir / directory
+        while not place.exists() and place != place.parent:
+            place = place.parent  # the workdir is made at provisioning: ask the file system it will be on
+        return shutil.disk_usage(place).free // 2**20
 
     @property
     def bin_dir(self) -> str:
@@ -61,9 +65,15 @@ class NativeEnvironment(Environment):
 
     def _create(self, kernels: KernelBuild) -> None:
         self._bin_dir = str(kernels.bin_dir)
+        # Commands work in a directory of the study's, as in every other environment: what they
+        # leave (scp's keys, a disk workload's "." ) is under the results directory, never in the
+        # directory virtlab was started from.
+        self.workdir.mkdir(parents=True, exist_ok=True)
 
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
-        return run_process(argv, timeout_s, started=self.process_started, ending=self.process_ending)
+        return run_process(
+            argv, timeout_s, cwd=str(self.workdir), started=self.process_started, ending=self.process_ending
+        )
 
     def _delete(self) -> None:
         network, attachment = self._network, self._attachment
@@ -83,7 +93,7 @@ class NativeEnvironment(Environment):
 
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
         # A session of its own: stop() signals the command and everything it forked.
-        command = ProcessCommand(argv, argv, start_new_session=True)
+        command = ProcessCommand(argv, argv, start_new_session=True, cwd=str(self.workdir))
         self.process_started(command.process.pid)
         return command
 
@@ -108,10 +118,10 @@ class NativeEnvironment(Environment):
         return steal_seconds(text, os.sysconf("SC_CLK_TCK"))
 
     def copy_in(self, source: Path, destination: str) -> None:
-        shutil.copy2(source, destination)
+        shutil.copy2(source, self.workdir / destination)  # a relative destination is the workdir's
 
     def copy_out(self, source: str, destination: Path) -> None:
-        shutil.copy2(source, destination)
+        shutil.copy2(self.workdir / source, destination)
 
     def manifest(self) -> dict[str, Any]:
         from virtlab.metadata import collect_host_metadata

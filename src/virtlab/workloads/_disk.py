@@ -40,8 +40,8 @@ class DiskParams(WorkloadParams):
         default=".",
         min_length=1,
         description="the directory tested, in the environment: '.' is its working directory (native: "
-        "where virtlab runs; container: /mnt, a host directory; VM: the guest's root disk); the "
-        "files go into a fresh subdirectory that is removed afterwards",
+        "its directory under the results directory; container: /mnt, a host directory; VM: the "
+        "guest's root disk); the files go into a fresh subdirectory that is removed afterwards",
     )
 
     storage: Literal["local", "nfs"] = Field(

@@ -38,8 +38,8 @@ or database server in it), all optional:
   environment before anything starts: path relative to the environment's working directory ->
   bytes, written with mode 0600 through ``Environment.copy_in`` after a ``mkdir -p`` of their
   directories run in it. A relative path means the same place to ``run()`` and ``copy_in()`` in
-  every environment kind: native, where virtlab runs; container, /mnt; VM (and libvirt), the guest
-  agent's working directory (/); SSH host, its remote workdir.
+  every environment kind: native, its directory under the results directory; container, /mnt;
+  VM (and libvirt), the guest agent's working directory (/); SSH host, its remote workdir.
 - ``setup_commands(role, slot)`` run after the files are placed, before the servers start (a
   failure fails the trial); ``cleanup_commands(role, slot)`` run after the servers stopped, whatever
   happened (a failure fails an otherwise good trial: a leftover would change the next one).

@@ -1,13 +1,20 @@
-"""A run refused before it starts leaves nothing that would refuse the same command next time, and a
-directory whose store holds no findings is started afresh; one that holds trials is never emptied."""
+"""What a new user meets (issue 22): a run refused before it starts leaves nothing that would refuse
+the same command next time, a store without findings is started afresh while one that holds trials
+is never emptied, and native work stays under the results directory."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
+import marks
+from virtlab.environments.native import NativeEnvironment, NativeOptions
+from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.store import FailureRecord, ResultStore
 from virtlab_cli import virtlab
 
@@ -120,3 +127,102 @@ def test_a_directory_with_findings_is_kept_and_refused_without_resume(tmp_path):
     store = ResultStore.in_dir(out)
     assert store.holds_findings() and len(store.failures()) == 1
     store.close()
+
+
+NATIVE_FILES_PLAN = """
+[study]
+name = "native-files"
+trials = 1
+warmups = 0
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[workload]]
+name = "dd-here"
+kind = "dd"
+size_mb = 4
+mode = "write"
+"""
+
+
+def test_native_work_lands_under_the_results_directory_not_the_callers(tmp_path):
+    # The caller's directory on a tmpfs and the results on the disk: dd's "." says which it measured.
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as caller_dir:
+        caller, out, plan = Path(caller_dir), tmp_path / "out", tmp_path / "plan.toml"
+        assert fs_type(caller) == "tmpfs" and fs_type(tmp_path) != "tmpfs"
+        plan.write_text(NATIVE_FILES_PLAN)
+        ran = virtlab("run", str(plan), "--out", str(out), "--quiet", cwd=caller)
+        assert ran.returncode == 0, ran.stderr
+        assert list(caller.iterdir()) == []
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    [write] = [c for c in cells if c["workload"] == "dd-here" and c["metric"] == "write_mbs"]
+    assert write["context"]["fs"] == "ext4"  # the results directory's, where the caller's is a tmpfs
+
+
+def fs_type(path: Path) -> str:
+    return subprocess.run(
+        ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_a_native_command_runs_and_copies_in_its_working_directory(tmp_path, kernel_build):
+    env = NativeEnvironment("native", NativeOptions(), tmp_path / "native")
+    env.provision(kernel_build)
+    try:
+        assert env.run(["pwd"], 10).stdout.strip() == str(tmp_path / "native")
+        key = tmp_path / "key"
+        key.write_text("k")
+        env.copy_in(key, "copied")
+        assert (tmp_path / "native" / "copied").read_text() == "k"
+        env.copy_out("copied", tmp_path / "back")
+        assert (tmp_path / "back").read_text() == "k"
+    finally:
+        env.teardown()
+
+
+SCP_INTO_VM_PLAN = """
+[study]
+name = "no-room"
+trials = 1
+warmups = 0
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[environment]]
+name = "vm"
+kind = "vm"
+accel = "tcg"
+network = "bridge"
+
+[[workload]]
+name = "scp-big"
+kind = "scp"
+cipher = "aes128-ctr"
+size_mb = {size_mb}
+"""
+
+
+@marks.needs_root
+@marks.needs_tools("qemu-system-x86_64")
+def test_a_vm_cell_whose_file_does_not_fit_is_refused_before_the_first_trial(tmp_path, guest_image):
+    # The most the guest's disk could hold (its size less the tree): it cannot know ext4's own
+    # blocks before it boots, so only the booted guest's df shows the file does not fit.
+    at_most = VmEnvironment.free_space_mb(VmOptions(accel="tcg"), ".", tmp_path)
+    assert at_most is not None
+    plan, out = tmp_path / "plan.toml", tmp_path / "out"
+    plan.write_text(SCP_INTO_VM_PLAN.format(size_mb=at_most))
+    refused = virtlab("run", str(plan), "--out", str(out), "--quiet", timeout=600)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stderr
+    said = re.search(
+        r"environment 'vm', workload 'scp-big': needs (\d+) MiB free in '.', which has (\d+) MiB",
+        refused.stderr,
+    )
+    assert said, refused.stderr
+    assert int(said[1]) == at_most > int(said[2])
+    assert "disk_size_mb" in refused.stderr
+    assert not out.exists()  # refused before any trial: nothing that would refuse the fixed plan
