@@ -6,5 +6,7 @@ scripts/setup.sh
 .venv/bin/python bench/run_bench.py "$@"
 # Study bookkeeping at 100 and at 5,000 trials; it adds its part to the results above.
 .venv/bin/python bench/bookkeeping_bench.py
+# The libvirt domain's boot against the QMP VM's; it adds its part to the results above.
+.venv/bin/python bench/boot_bench.py
 # The web and database servers through virtlab vs by hand; it adds its part to the results above.
 exec .venv/bin/python bench/apps_bench.py

@@ -49,6 +49,11 @@ HAS_BINDING = importlib.util.find_spec("libvirt") is not None
 needs_binding = pytest.mark.skipif(not HAS_BINDING, reason="libvirt-python is not installed")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a system libvirtd and the guest image need root")
 OWNER = Owner(pid=4242, start=777, host="lab-host", boot_id="b00t", workdir="/w", disk="/w/disk.qcow2")
+# A sanity bound, not a speed test: bench/boot_bench.py (bench/README.md) measured this domain's
+# boot at a median 11.2 s (the QMP VM's: 8.8 s) under TCG on 2 cores shared with another tenant's
+# VMs, 5.8-6.3 s on a quiet host; 45 s is 4x the busy median and still fails a libvirt that
+# probes QEMU again at every lookup (90-110 s).
+BOOT_BOUND_S = 45.0
 
 
 def xml_of(accelerator: str = "tcg", name: str = "virtlab-t-1", **kwargs) -> ET.Element:
@@ -340,7 +345,7 @@ def qemu_of(name: str) -> list[int]:
 @pytest.mark.slow
 def test_boots_and_runs_primes(vm):
     print(f"libvirt domain: boot {vm.boot_s:.2f} s, provision {vm.provision_s:.2f} s, {vm.accelerator}")
-    assert vm.boot_s is not None and vm.boot_s < 30
+    assert vm.boot_s is not None and vm.boot_s < BOOT_BOUND_S
     provision, boot = vm.environment_samples()
     assert (boot.metric, boot.value, provision.metric) == ("boot_s", vm.boot_s, "provision_s")
     primes = Primes.from_mapping({"n": 100_000})
@@ -350,6 +355,21 @@ def test_boots_and_runs_primes(vm):
     assert {s.metric for s in samples} == {"real_s", "user_s", "sys_s"}
     assert samples[0].metadata["count"] == 9592
     print(f"primes n=100000 through qemuAgentCommand: {result.elapsed_s:.2f} s")
+
+
+@needs_root
+@pytest.mark.slow
+def test_starting_a_domain_does_not_probe_qemu_again(vm, libvirtd, conn):
+    """libvirt's capability cache stays valid: a lookup after a domain started rewrites no file.
+
+    Where libvirt's QEMU user cannot open /dev/kvm but its probe (CAP_DAC_OVERRIDE) can, every
+    lookup found the cache stale and probed QEMU again: 25 probes, 90-110 s per domain start.
+    """
+    assert vm.manifest()["domain"]["start_s"] < vm.boot_s
+    cached = {path: path.stat().st_mtime_ns for path in (libvirtd.cache_dir / "qemu").rglob("*.xml")}
+    assert cached, f"libvirt cached no QEMU capabilities under {libvirtd.cache_dir}"
+    conn.getDomainCapabilities(None, "x86_64", None, "qemu", 0)
+    assert {path: path.stat().st_mtime_ns for path in cached} == cached
 
 
 @needs_root
@@ -436,10 +456,9 @@ def test_unbootable_guest_ends_the_domain_and_fails_with_its_console(libvirtd, c
         uri=libvirtd.uri, kernel_args=["virtlab.root=/dev/nowhere", "virtlab.rootwait=1"]
     )
     env = LibvirtEnvironment("broken", options, tmp_path)
-    started = time.monotonic()
+    # Ended by the guest's panic (on_reboot=destroy): a timeout would say "no answer ... within".
     with pytest.raises(EnvironmentError_, match="the domain ended before the guest answered") as caught:
         env.provision(kernel_build)
-    assert time.monotonic() - started < 60  # ended by the guest's panic (on_reboot=destroy), not a timeout
     assert INITRAMFS_ERROR_MARKER in caught.value.log and "/dev/nowhere" in caught.value.log
     # libvirt forgets a transient domain once it has reaped its QEMU, which can lag the failure
     deadline = time.monotonic() + 15

@@ -13,9 +13,10 @@ libvirtd keeps its state under fixed paths (``/etc/libvirt``, ``/run/libvirt``,
 ``qemu:///system`` driver, yet two test sessions (or a host's own libvirtd) never share a socket,
 a domain list or a lock. Only ``/var/cache/libvirt`` is shared between them, kept under
 virtlab's cache: libvirtd probes each QEMU binary's capabilities once (about 8 s under TCG here)
-and rewrites that cache atomically. Its configuration differs from Debian's in two lines: no
-authentication on its (private, 0700) socket, and ``stdio_handler = "file"``, since virtlogd is
-socket-activated by systemd on Debian and there is no systemd here.
+and rewrites that cache atomically. Its configuration differs from Debian's in three ways: no
+authentication on its (private, 0700) socket; ``stdio_handler = "file"``, since virtlogd is
+socket-activated by systemd on Debian and there is no systemd here; and QEMU's user is root
+(``QEMU_CONF`` says why: otherwise that cache is probed again at every lookup).
 
 The daemon gets SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG). ``stop`` ends it,
 then the QEMUs of domains still running, and removes the cgroups libvirt made for them.
@@ -57,7 +58,13 @@ auth_unix_ro = "none"
 log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
 """
 # Debian's default "logd" needs virtlogd, which only systemd's socket activation starts there.
-QEMU_CONF = 'stdio_handler = "file"\n'
+# QEMU's user is root, as the caller (virtlab's domains name +uid:+gid anyway): libvirt probes a
+# QEMU binary's capabilities with CAP_DAC_OVERRIDE, so the probe finds KVM, but it judges its
+# cache by whether its QEMU user can open /dev/kvm. Where /dev/kvm is 0600 root (no udev rule
+# made it 0660 root:kvm) the two disagree for libvirt-qemu ("KVM was enabled when probing ...,
+# but it is not available now"): every lookup probes the binary again (two QEMU runs, 4 s under
+# TCG here), and starting one domain looked qemu-system-x86_64 up 25 times, 90-110 s in all.
+QEMU_CONF = 'stdio_handler = "file"\nuser = "+0"\ngroup = "+0"\n'
 _START_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
