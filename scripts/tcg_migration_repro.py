@@ -53,7 +53,9 @@ def one_run(vm: LiveVm, argv: list[str], workdir: Path, seconds: int, buffer_mb:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--thread", choices=["multi", "single"], default="multi")
     parser.add_argument("--memory-mb", type=int, default=256)
