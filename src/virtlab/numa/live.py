@@ -356,8 +356,8 @@ def arrive(vm: LiveVm, qemu: QemuProcess) -> str | None:
     try:
         vm.moved_to(qemu)
     except MigrationError as error:
-        return f"the guest did not answer after the migration: {str(error).splitlines()[0]}; its console " \
-            f"ends: {qemu.console()[-1500:]}"  # fmt: skip
+        why, console = str(error).splitlines()[0], qemu.console()[-1500:]
+        return f"the guest did not answer after the migration: {why}; its console ends: {console}"
     return None
 
 
