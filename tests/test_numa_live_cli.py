@@ -78,3 +78,4 @@ def test_migrate_reactive_prints_its_timeline():
     assert [e for e in events if e in order] == order
     assert {a["kind"] for a in out["actions"]} == {"pin", "move_memory"}
     assert out["counters"].startswith(("none: ", "perf"))
+    assert out["memory_check"] == "not checked"  # no workload wrote memory

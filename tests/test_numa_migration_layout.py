@@ -122,6 +122,7 @@ def _run(mode: str, migrated: list[float], resident: list[float], arrival: float
         "migration": {"ram_nodes": [0] if mode == "proposal" else None,
                       "actions": [{"kind": "pin"}, {"kind": "pin"}, {"kind": "bind_ram"}]},
         "notes": ["a note"], "counters": "model",
+        "memory_check": "intact" if mode == "proposal" else "corrupt",
     }  # fmt: skip
 
 
@@ -149,7 +150,9 @@ def test_section_rows_and_tables_from_fixed_runs():
     assert [c.text for c in residents.rows[0]][-2:] == ["-20.0", "-10.0"]
     timeline = timeline_table(section)
     first = [c.text for c in timeline.rows[0]]
-    assert first[0] == "c / proposal" and first[-4] == "0" and first[-1] == "1 passed, failed: resident-0"
+    assert first[0] == "c / proposal" and first[-5] == "0" and first[-2] == "1 passed, failed: resident-0"
+    # the migrated VM's memory by its program's own check, per run
+    assert [[c.text for c in r][-1] for r in timeline.rows] == ["intact", "corrupt", "corrupt"]
     assert "pin x2, bind_ram x1" in first
     (chart,) = case_charts(section)
     assert chart.svg.startswith("<svg") and "Figures 5-6" in chart.title

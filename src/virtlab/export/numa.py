@@ -270,6 +270,7 @@ def timeline_table(section: Mapping[str, Any]) -> Table:
                 Cell(", ".join(f"{k} x{n}" for k, n in kinds.items()) or MISSING),
                 _num(run.get("moved_mib"), 0),
                 Cell(_checks(run)),
+                Cell(run.get("memory_check") or MISSING),
             )
         )
     return Table(
@@ -283,13 +284,16 @@ def timeline_table(section: Mapping[str, Any]) -> Table:
             "actions",
             "moved (MiB)",
             "programs' checks",
+            "migrated VM's memory",
         ),  # fmt: skip
         tuple(body),
         "start = migration start (the profile sent, proposal); layout applied = residents moved and the "
         "incoming vCPUs pinned, before the switch-over; arrival = migration completed; RAM bound to = "
         "host node(s) of the incoming guest RAM's memory backend (policy=bind). Simulated runs carry the "
         "events the model uses only; moved = MiB of memory the plan moves (simulator); programs' checks = "
-        "each guest program's own check of its result (live).",
+        "each guest program's own check of its result (live); migrated VM's memory = intact or corrupt "
+        "by the migrated guest's program's own check of the memory it wrote, on both sides of the "
+        "migration (live; corrupt also when the guest did not come back after it).",
     )
 
 

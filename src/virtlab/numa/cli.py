@@ -148,7 +148,13 @@ def migrate(
         raise typer.Exit(1) from None
     if as_json:
         _echo_json(out)
-        return
+    else:
+        _print_migration(policy, out)
+    if out["memory_check"] == "corrupt":
+        raise typer.Exit(1)  # the migration completed but did not bring the guest across intact
+
+
+def _print_migration(policy: str, out: dict[str, Any]) -> None:
     typer.echo(f"{policy} ({out['mode']}): {out['status']} in {out['total_time_ms']} ms, downtime "
                f"{out['downtime_ms']} ms, accelerator {out['accelerator']}")  # fmt: skip
     for event, t in out["timeline"]:
@@ -158,6 +164,7 @@ def migrate(
     for action in out["actions"]:
         typer.echo(f"  action: {json.dumps(action)}")
     typer.echo(f"miss counts: {out['counters']}")
+    typer.echo(f"guest memory after the migration: {out['memory_check']} ({out['memory_check_detail']})")
 
 
 def _policy_params(policy: str, then: str, window_s: float) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from virtlab.build import KernelBuild, build_kernels
 from virtlab.environments.vm import (
+    QEMU,
     VmFiles,
     VmOptions,
     cpu_model,
@@ -39,7 +40,18 @@ from virtlab.environments.vm import (
 )
 from virtlab.image import GUEST_BIN, ImageSpec, build_image, kernel_files, make_disk
 from virtlab.numa.actuator import apply, current_placement
-from virtlab.numa.migration import Destination, Mode, Optimizer, QemuProcess, migrate, qcow2_overlay
+from virtlab.numa.migration import (
+    TCG_RAM_PAD_KIB,
+    Destination,
+    MigrationError,
+    Mode,
+    Optimizer,
+    QemuProcess,
+    migrate,
+    pad_ram_for_tcg,
+    qcow2_overlay,
+    tcg_loses_dirty_pages,
+)
 from virtlab.numa.monitor import Monitor, PerfSource, ReplaySource, Source
 from virtlab.numa.placement import Placement, VmPlacement
 from virtlab.numa.policies import POLICIES
@@ -75,12 +87,16 @@ class GuestSetup:
     initrd: Path
     base_disk: Path
     append: str
+    ram_pad_kib: int = 0
+    """Added to each guest RAM block so that this QEMU's TCG keeps the memory intact across a live
+    migration (``migration.pad_ram_for_tcg``); 0 where it needs no help."""
 
     def argv(self, name: str, disk: Path) -> list[str]:
         files = VmFiles(kernel=str(self.kernel), initrd=str(self.initrd), disk=str(disk))
-        return qemu_argv(
+        argv = qemu_argv(
             self.options, accelerator=self.accelerator, files=files, append=self.append, name=name
         )
+        return pad_ram_for_tcg(argv, self.ram_pad_kib) if self.ram_pad_kib else argv
 
 
 def migratable(options: VmOptions) -> VmOptions:
@@ -106,7 +122,10 @@ def prepare_guests(options: VmOptions, kernels: KernelBuild, say: Say = _quiet) 
     cflags = guest_kernel_cflags(kernels.cflags, accelerator, cpu_model(opts, accelerator))
     guest = kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
     base = make_disk(image, extra_files=kernel_files(guest.bin_dir), progress=say)
-    return GuestSetup(opts, accelerator, image.kernel, image.initrd, base, kernel_cmdline(opts, accelerator))
+    pad = TCG_RAM_PAD_KIB if accelerator == "tcg" and tcg_loses_dirty_pages(QEMU) else 0
+    return GuestSetup(
+        opts, accelerator, image.kernel, image.initrd, base, kernel_cmdline(opts, accelerator), pad
+    )
 
 
 def _accelerator(options: VmOptions) -> str:
@@ -284,7 +303,8 @@ def migrate_guest(
 ) -> dict[str, Any]:
     """Boot a guest (running ``workload`` if given), monitor it ``monitor_s`` seconds, migrate it into
     a second QEMU on this host with ``policy``; the migration's result, its timeline (reactive: until
-    its re-plan) and where its miss counts came from. ``virtlab numa migrate``."""
+    its re-plan), where its miss counts came from and the workload's own check of its memory once it
+    has finished on the destination (``memory_check``). ``virtlab numa migrate``."""
     workloads = {"vm": workload} if workload is not None else {}
     with tempfile.TemporaryDirectory(prefix="virtlab-numa-migrate-") as workdir:
         vm = LiveVm("vm", setup, Path(workdir))
@@ -293,11 +313,11 @@ def migrate_guest(
         destination = Monitor(sources, interval_s=1.0)
         optimizer = Optimizer(None, policy, params, monitor=destination)
         window = POLICIES.get(policy).window_s(params) or 0.0
+        duration = int(monitor_s + window + _AFTER_MIGRATION_S)
         try:
             say(f"booting the guest ({setup.accelerator})")
             vm.boot()
-            if workload is not None:
-                vm.start(_command(workload, int(monitor_s + window + 60)))
+            pid = vm.start(_command(workload, duration)) if workload is not None else None
             source.register("vm", vm.pid, vm.vcpu_threads(), vm.memory_bytes)
             for second in range(monitor_s):
                 source.sample_once()
@@ -306,14 +326,51 @@ def migrate_guest(
             say(f"migrating with {policy} ({optimizer.mode})")
             result = migrate("vm", vm.qemu, vm.destination(), source.profile("vm"), optimizer,
                              memory_bytes=vm.memory_bytes, wait_reactive_s=window + 60)  # fmt: skip
-            vm.moved_to(result.destination)
+            lost = arrive(vm, result.destination)
+            if workload is None or pid is None:
+                check = ("not checked", "no workload wrote memory")
+            elif lost is not None:
+                check = ("corrupt", lost)
+            else:
+                say(f"waiting for {workload.kind} to finish and check its memory")
+                check = memory_check(vm.wait(pid, duration + _SLACK_S), workload.kind)
         finally:
             optimizer.stop()
             destination.stop()
             vm.stop()
     return {**result.to_dict(), "timeline": [[e, t] for e, t in optimizer.timeline.events()],
             "actions": [a.to_dict() for a in optimizer.actions], "counters": note,
-            "accelerator": setup.accelerator}  # fmt: skip
+            "accelerator": setup.accelerator, "ram_pad_kib": setup.ram_pad_kib,
+            "memory_check": check[0], "memory_check_detail": check[1]}  # fmt: skip
+
+
+_AFTER_MIGRATION_S = 20
+"""How long a workload started before a migration runs on after it was due to start (monitoring,
+reactive's window): long enough for a localhost migration of a TCG guest, so that the program's own
+check at its end reads memory written on both sides."""
+
+
+def arrive(vm: LiveVm, qemu: QemuProcess) -> str | None:
+    """Move ``vm`` into ``qemu`` once a migration has completed; None when its guest answers there, else
+    why it does not (a guest whose memory arrived corrupt crashes: its console says how)."""
+    try:
+        vm.moved_to(qemu)
+    except MigrationError as error:
+        why, console = str(error).splitlines()[0], qemu.console()[-1500:]
+        return f"the guest did not answer after the migration: {why}; its console ends: {console}"
+    return None
+
+
+def memory_check(done: GuestRun, kind: str) -> tuple[str, str]:
+    """("intact" or "corrupt", the evidence) from a finished memory workload's own check (``valid=``).
+    Raises MigrationError when it printed no verdict: that is no evidence either way."""
+    valid = per_second(done.stdout)[2]
+    if valid is None:
+        raise MigrationError(
+            f"{kind} printed no check (exit status {done.exit_code}): {done.stderr.strip()[-500:]}"
+        )
+    summary = done.stdout.strip().splitlines()[-1]
+    return ("intact" if valid else "corrupt"), f"{kind}: {summary}"
 
 
 # --------------------------------------------------------------------------- one case of the case study
@@ -354,11 +411,13 @@ class VmSeries:
     error: str | None = None
     check: str | None = None
     """The program's own check of its result: "passed", or "failed: why" (its series is still kept)."""
+    valid: bool | None = None
+    """What the program's check printed (``valid=``), None when it printed none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "workload": self.workload, "times_s": self.times_s,
                 "ops_per_s": self.ops_per_s, "started_s": self.started_s, "error": self.error,
-                "check": self.check}  # fmt: skip
+                "check": self.check, "valid": self.valid}  # fmt: skip
 
 
 @dataclass
@@ -377,6 +436,9 @@ class LiveRun:
     counters: str = ""
     notes: list[str] = field(default_factory=list)
     resident_nodes: dict[str, int] = field(default_factory=dict)
+    memory_check: str = "not checked"
+    """The migrated guest's memory after the migration, by its program's own check: "intact", "corrupt"
+    (the check failed, or the guest did not come back), or "not checked" (the run ended before)."""
 
 
 def run_live_case(case: LiveCase, setup: GuestSetup, workdir: Path, say: Say = _quiet) -> LiveRun:
@@ -489,7 +551,10 @@ class _CaseRun:
         migrated = self.vms["migrated"]
         result = migrate("migrated", migrated.qemu, migrated.destination(), profile, self.optimizer,
                          memory_bytes=migrated.memory_bytes)  # fmt: skip
-        migrated.moved_to(result.destination)
+        lost = arrive(migrated, result.destination)
+        if lost is not None:
+            self.run.memory_check = "corrupt"
+            raise MigrationError(lost)
         self.run.migration_start_s = round(self.optimizer.timeline.started_monotonic - self.t0, 3)
         self.run.migration = result.to_dict()
         self.say(f"{self.case.name}/{self.case.mode}: migrated in {result.total_time_ms} ms")
@@ -510,6 +575,8 @@ class _CaseRun:
         if optimizer.error is not None:
             raise optimizer.error
         self.run.vms = list(self.series.values())
+        valid = self.series["migrated"].valid
+        self.run.memory_check = "not checked" if valid is None else "intact" if valid else "corrupt"
         for s in self.run.vms:
             if s.check and s.check != "passed":
                 self.run.notes.append(
@@ -558,6 +625,7 @@ def _collect(series: VmSeries, workload: Workload, vm: LiveVm, pid: int, deadlin
         series.error = str(error)
         return
     ops, init_s, valid = per_second(done.stdout)
+    series.valid = valid
     if not ops:
         series.error = f"no per-second output (exit status {done.exit_code}): {done.stderr.strip()[-500:]}"
         return

@@ -29,6 +29,7 @@ window, plans with its ``then`` policy and applies the plan with migrate_pages a
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -227,6 +228,65 @@ def bind_guest_ram(argv: Sequence[str], nodes: Iterable[int]) -> list[str]:
     ram = RAM_IDS[kind]
     return out + ["-object", f"memory-backend-ram,id={ram},size={size},{binding}",
                   "-machine", f"memory-backend={ram}"]  # fmt: skip
+
+
+TCG_RAM_PAD_KIB = 8
+"""Added to each guest RAM block under TCG on QEMU before 9.0 (see ``pad_ram_for_tcg``); 8 KiB because
+QEMU rounds ``-m`` up to a multiple of 8 KiB."""
+TCG_DIRTY_SYNC_FIXED = (9, 0)
+"""The first QEMU release with upstream commit 03bfc2188f06 ("physmem: Fix migration dirty bitmap
+coherency with TCG memory access")."""
+
+
+def pad_ram_for_tcg(argv: Sequence[str], pad_kib: int = TCG_RAM_PAD_KIB) -> list[str]:
+    """``argv`` with every guest RAM block ``pad_kib`` larger, so that no block is a multiple of 256 KiB.
+
+    Why: QEMU before 9.0 loses guest writes when it live-migrates a TCG guest. Its dirty-bitmap sync
+    takes a block 64 pages at a time when the block's offset and size allow, and that path clears the
+    dirty bits without resetting the TCG TLB's "not dirty" marks, so a vCPU that already wrote a page
+    keeps writing it through its TLB without marking it dirty again: the destination gets the page as
+    it was at the last sync (a malloc_access check fails, or the guest kernel crashes). A block that is
+    not a multiple of 64 pages takes the page-by-page path, which resets the TLB for each dirty page.
+    ``-m`` and the memory backends (one per guest NUMA node) grow alike, so they still add up.
+    """
+    out = list(argv)
+    backends = [
+        i + 1 for i, a in enumerate(out[:-1]) if a == "-object" and out[i + 1].startswith("memory-backend-")
+    ]
+    for i in backends:
+        out[i] = ",".join(
+            f"size={_kib(kv.removeprefix('size=')) + pad_kib}K" if kv.startswith("size=") else kv
+            for kv in out[i].split(",")
+        )
+    if "-m" in out[:-1]:
+        i = out.index("-m") + 1
+        parts = out[i].split(",")
+        j = next((k for k, kv in enumerate(parts) if "=" not in kv or kv.startswith("size=")), None)
+        if j is not None:
+            size = _kib(parts[j].removeprefix("size=")) + pad_kib * max(1, len(backends))
+            parts[j] = f"size={size}K" if parts[j].startswith("size=") else f"{size}K"
+            out[i] = ",".join(parts)
+    return out
+
+
+def _kib(size: str) -> int:
+    """A QEMU size ("512", "512M", "1G", "524296K") in KiB; no suffix counts MiB, as ``-m`` does."""
+    units = {"K": 1, "M": 1 << 10, "G": 1 << 20, "T": 1 << 30}
+    text = size.strip().upper().removesuffix("B")
+    if text[-1:] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text) << 10
+
+
+def tcg_loses_dirty_pages(qemu: str) -> bool:
+    """Whether ``qemu`` (a binary) predates the fix of TCG's lost dirty pages (``pad_ram_for_tcg``).
+    A version that cannot be read counts as affected: the padding costs only a slower sync."""
+    try:
+        line = subprocess.run([qemu, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return True
+    match = re.search(r"version (\d+)\.(\d+)", line)
+    return match is None or (int(match[1]), int(match[2])) < TCG_DIRTY_SYNC_FIXED
 
 
 def _option(argv: Sequence[str], name: str) -> str | None:

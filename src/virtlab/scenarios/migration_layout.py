@@ -424,7 +424,7 @@ class MigrationLayoutScenario(Scenario):
                 "policy": case.policy, "migration_start_s": run.migration_start_s, "arrival_s": run.arrival_s,
                 "vms": [vm.to_dict() for vm in run.vms], "events": [[e, t] for e, t in run.events],
                 "migration": run.migration, "counters": run.counters, "notes": [*run.notes, LIVE_PRESSURE],
-                "resident_nodes": run.resident_nodes, "boot_s": run.boot_s,
+                "resident_nodes": run.resident_nodes, "boot_s": run.boot_s, "memory_check": run.memory_check,
             }
         )  # fmt: skip
 
