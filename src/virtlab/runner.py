@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from virtlab import __version__, nfs, stats
+from virtlab import __version__, dirlock, nfs, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import ControlError, validate_against_host
 from virtlab.control.environment import EnvironmentControls, controls_for
@@ -615,13 +615,28 @@ def run_study(
 
     # Everything that can refuse the run does so before the results directory is touched, so a
     # refused run leaves nothing that the same command would then refuse.
+    dirlock.check_free(out_dir)
     check_results_dir(plan, out_dir, resume)
     scenario = SCENARIOS.get(plan.study.scenario) if plan.study.scenario is not None else None
     kernels = scenario.preflight(plan) if scenario is not None else preflight(plan, out_dir)
     created = not out_dir.exists()
+    with dirlock.DirLock(out_dir):
+        return _run_locked(plan, out_dir, resume, progress or SilentProgress(), scenario, kernels, created)
+
+
+def _run_locked(
+    plan: Plan,
+    out_dir: Path,
+    resume: bool,
+    progress: ProgressSink,
+    scenario: Any,
+    kernels: KernelBuild,
+    created: bool,
+) -> StudyOutcome:
+    """run_study's part with the directory locked: the store opened (checked again, now that no
+    other run can change it), the study run, and a late refusal's traces removed."""
     store = open_study(plan, out_dir, resume)
     try:
-        progress = progress or SilentProgress()
         if scenario is not None:
             return scenario(plan, out_dir, store, kernels, progress).run()
         return StudyRunner(plan, out_dir, store, kernels, progress).run()
