@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from virtlab import __version__
-from virtlab.errors import InputError
+from virtlab.errors import InputError, MachineFault
 from virtlab.numa.cli import numa_app
 
 app = typer.Typer(
@@ -214,3 +214,6 @@ def main() -> None:
     except InputError as error:
         print(f"virtlab: {error.message()}", file=sys.stderr)
         sys.exit(2)
+    except MachineFault as fault:
+        print(f"virtlab: {fault.message()}", file=sys.stderr)
+        sys.exit(fault.exit_code)

@@ -16,6 +16,7 @@ import datetime as dt
 import posixpath
 import shutil
 import signal
+import sqlite3
 import tempfile
 import time
 from collections.abc import Mapping
@@ -30,7 +31,7 @@ from virtlab.control import ControlError, validate_against_host
 from virtlab.control.environment import EnvironmentControls, controls_for
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
-from virtlab.errors import InputError
+from virtlab.errors import InputError, MachineFault, machine_fault_cause
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
@@ -237,7 +238,7 @@ class StudyRunner:
 
     def run(self) -> StudyOutcome:
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        refused = False
+        refused = faulted = False
         self._record_study()
         self._show_notices()
         if self.plan.study.cpu_sample_interval_s is not None:
@@ -255,13 +256,21 @@ class StudyRunner:
             self.outcome.interrupted = True
             self.store.put("status", "interrupted")
             self.progress.note("interrupted: every finished trial is stored; continue with --resume")
+        except (OSError, MemoryError, sqlite3.Error) as error:
+            faulted = machine_fault_cause(error) is not None
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
             self.progress.stop()
             self._teardown_all()
-            self._store_usage(final=True)
-            if not refused:
-                self._finish_study()
+            try:
+                self._store_usage(final=True)
+                if not refused:
+                    self._finish_study()
+            except (OSError, MemoryError, sqlite3.Error) as late:
+                # A full disk fails these too: the fault already on its way is the one to report.
+                if not (faulted and machine_fault_cause(late) is not None):
+                    raise
         return self.outcome
 
     # -- study record ------------------------------------------------------------------
@@ -620,8 +629,17 @@ def run_study(
     scenario = SCENARIOS.get(plan.study.scenario) if plan.study.scenario is not None else None
     kernels = scenario.preflight(plan) if scenario is not None else preflight(plan, out_dir)
     created = not out_dir.exists()
-    with dirlock.DirLock(out_dir):
-        return _run_locked(plan, out_dir, resume, progress or SilentProgress(), scenario, kernels, created)
+    try:
+        with dirlock.DirLock(out_dir):
+            return _run_locked(
+                plan, out_dir, resume, progress or SilentProgress(), scenario, kernels, created
+            )
+    except (OSError, MemoryError, sqlite3.Error) as error:
+        cause = machine_fault_cause(error)
+        if cause is None:
+            raise
+        kept = ResultStore.count_kept(out_dir, besides=SETUP_WORKLOAD)
+        raise MachineFault(str(out_dir), cause, kept, started=bool(kept)) from None
 
 
 def _run_locked(

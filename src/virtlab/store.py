@@ -140,6 +140,20 @@ class ResultStore:
         ).fetchone()
         return bool(row[0])
 
+    @classmethod
+    def count_kept(cls, directory: Path, besides: str = "") -> int | None:
+        """How many trials (of workloads other than ``besides``) a store holds, read without
+        writing anything (after a fault the disk may be full or read-only); None if unreadable."""
+        try:
+            db = sqlite3.connect(f"file:{directory / cls.FILENAME}?mode=ro", uri=True)
+            try:
+                row = db.execute("SELECT COUNT(*) FROM trials WHERE workload != ?", (besides,)).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return None
+        return int(row[0])
+
     def trial_counts(self) -> dict[tuple[str, str], int]:
         rows = self._db.execute(
             "SELECT environment, workload, COUNT(*) FROM trials GROUP BY environment, workload"
