@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from virtlab import __version__, dirlock, nfs, stats
+from virtlab import __version__, dirlock, nfs, ports, stats
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import ControlError, validate_against_host
 from virtlab.control.environment import EnvironmentControls, controls_for
@@ -41,7 +41,7 @@ from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
-from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, Role, ServerPlace, combine
+from virtlab.workloads._peer import LOOPBACK, MAX_PEERS, Link, PeerWorkload, Role, ServerPlace, combine
 
 EXIT_OK, EXIT_CELLS_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 LISTEN_WAIT_S = 30.0
@@ -679,6 +679,22 @@ def measure_peers(
     the servers started, the clients run at once (each trying again while its server comes up), the
     servers stopped, the clean-up run, the clients' outputs parsed and combined; a failure anywhere
     is the trial's, with the logs of both sides."""
+    try:
+        slots, lease = ports.lease_slots(workload.ports, len(links), MAX_PEERS)
+    except ports.PortsBusy as busy:
+        raise TrialFailure(str(busy), "") from None
+    try:
+        # The slots this trial holds, in place of the ones its links were planned with.
+        return _measure_links(
+            environments, [replace(link, slot=s) for link, s in zip(links, slots, strict=True)], workload
+        )
+    finally:
+        lease.release()
+
+
+def _measure_links(
+    environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
+) -> list[Sample]:
     servers: list[tuple[Link, BackgroundCommand]] = []
     stopped: list[tuple[Link, bool, CommandResult]] = []  # link, ended before stop(), result
     prepared: list[tuple[str, Role, int]] = []  # the sides whose clean-up is due

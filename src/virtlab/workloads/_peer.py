@@ -177,6 +177,12 @@ class PeerWorkload(Workload):
         """One client's command; its output is what ``parse`` reads. A workload with
         ``client_knows_server`` takes ``server: ServerPlace`` besides."""
 
+    @abstractmethod
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
+        """Every port the servers (and their data connections) of ``slot`` listen on: the runner
+        holds them host-wide for the trial (``virtlab.ports``), so studies side by side never
+        share one."""
+
     # -- what the runner places and runs around the programs (all optional) --------------
     def files(self, role: Role, slot: int = 0) -> dict[str, bytes]:
         """Files placed in the ``role`` side's environment before it starts: a path relative to

@@ -223,6 +223,9 @@ class Database(PeerWorkload):
                 str(p.port + slot), str(p.shared_buffers_mb), str(p.clients + 10), USER]  # fmt: skip
         return [self.bounded(argv)]
 
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
+        return (self.params.port + slot,)
+
     def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
         p = self.params
         return ["sh", "-c", _CLIENT, "virtlab-pgbench", self.directory(slot, "client"), server_address,

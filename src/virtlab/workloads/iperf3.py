@@ -40,6 +40,9 @@ class Iperf3(PeerWorkload):
         argv = ["iperf3", "--server", "--one-off", "--json", "--port", str(PORT + slot)]
         return [self.bounded(argv + (["--bind", bind] if bind else []))]
 
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
+        return (PORT + slot,)
+
     def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
         p = self.params
         argv = ["iperf3", "--client", server_address, "--port", str(PORT + slot), "--time", str(p.duration_s),

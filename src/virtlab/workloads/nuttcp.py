@@ -69,6 +69,10 @@ class Nuttcp(PeerWorkload):
         script = f'{tx} & {rx}; rx=$?; wait $!; tx=$?; [ "$tx" -ne 0 ] && exit "$tx"; exit "$rx"'
         return ["sh", "-c", script]
 
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
+        # Each control port's data connection is on the next one (the client's -p).
+        return tuple(port + offset for port in self._control_ports(slot).values() for offset in (0, 1))
+
     def _control_ports(self, slot: int) -> dict[str, int]:
         base = CONTROL_PORT + SLOT_PORTS * slot
         tags = TAGS[self.params.direction]

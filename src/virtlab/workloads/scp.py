@@ -241,6 +241,9 @@ class Scp(PeerWorkload):
             argv += ["-o", f"{key}={value}"]
         return [self.bounded(argv)]
 
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
+        return (self.params.port + slot,)
+
     def client_command(
         self, bin_dir: str, server_address: str, slot: int = 0, server: ServerPlace | None = None
     ) -> list[str]:

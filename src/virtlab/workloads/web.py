@@ -342,7 +342,7 @@ class Web(PeerWorkload):
         """virtlab's directory in the server's working directory, for one client's slot."""
         return f"virtlab-web-{self._token}-{slot}"
 
-    def ports(self, slot: int = 0) -> tuple[int, int]:
+    def ports(self, slot: int = 0) -> tuple[int, ...]:
         """The HTTP and HTTPS ports of one slot's nginx."""
         http = self.params.port + 2 * slot
         return http, http + 1
