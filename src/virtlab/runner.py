@@ -99,7 +99,8 @@ def check_results_dir(plan: Plan, out_dir: Path, resume: bool) -> bool:
     began it."""
     path = out_dir / ResultStore.FILENAME
     if not path.exists():
-        if resume:
+        # A directory without a store (a run killed before it made one) is resumed by starting.
+        if resume and not out_dir.is_dir():
             raise InputError(
                 str(out_dir), "nothing to resume here", "drop --resume, or give --out of an earlier run"
             )

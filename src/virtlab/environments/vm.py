@@ -70,6 +70,8 @@ from virtlab.qmp import GuestAgent, GuestAgentError, Qmp, QmpError
 from virtlab.samples import Sample
 
 QEMU = "qemu-system-x86_64"
+_REAP_WAIT_S = 1.0
+"""How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 # Kernels compiled with -march=native on this host use instructions QEMU's TCG does not emulate
 # (QEMU 7.2: no AVX-512), and a guest CPU model other than "host" may lack them too. Such guests
 # get a build for a baseline every x86-64 CPU model of the last decade offers.
@@ -946,13 +948,13 @@ class VmEnvironment(Environment):
             pid = self._execute(agent, "guest-exec", request)["pid"]
         except GuestAgentError as error:
             if error.error_class is None:  # the agent went away, rather than refusing the command
-                raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
+                raise self._agent_lost(error) from error
             # What a shell says of a program it cannot start, with its status.
             return CommandResult(tuple(argv), 127, "", f"{error}\n", time.monotonic() - started)
         try:
             status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
         except GuestAgentError as error:
-            raise EnvironmentError_(f"VM {self.name}: {error}", self._failure_log()) from error
+            raise self._agent_lost(error) from error
         return _exec_result(argv, status, time.monotonic() - started, timed_out)
 
     def _execute(
@@ -1000,6 +1002,21 @@ class VmEnvironment(Environment):
                     f"VM {self.name}: guest agent lost: {error}", self._failure_log()
                 ) from error
         return self._agent
+
+    def _agent_lost(self, error: GuestAgentError) -> EnvironmentError_:
+        """The guest agent's failure as the trial's, naming QEMU's end when that is its cause (a
+        killed QEMU shows first as a broken socket)."""
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=_REAP_WAIT_S)  # its socket closes as it exits
+            except subprocess.TimeoutExpired:
+                pass
+        if not self._qemu_alive():
+            return EnvironmentError_(
+                f"VM {self.name}: QEMU is no longer running ({self._exit_status()}); guest agent: {error}",
+                self._failure_log(),
+            )
+        return EnvironmentError_(f"VM {self.name}: {error}", self._failure_log())
 
     def _check_running(self) -> None:
         if not self._qemu_alive():
