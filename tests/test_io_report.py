@@ -484,7 +484,7 @@ def test_a_reason_shared_by_many_cells_is_given_once():
     assert reason.text == f"NFS not mounted in native and container: {NO_CLIENT}"
     # every missing cell of every table links to it: 3 NFS workloads, 6 metrics, 2 environments
     dashes = [c for t in (report.results, *report.io_tables) for row in t.rows for c in row if c.text == "—"]
-    assert dashes and {c.reason for c in dashes} == {"a"}
+    assert dashes and {(c.reason, c.kind) for c in dashes} == {("a", "missing")}
     assert markdown.count("— (a)") > 12 and page.count('href="#why-a"') == markdown.count("— (a)")
     assert page.count('id="why-a"') == 1
 
@@ -565,3 +565,20 @@ def test_an_unavailable_cell_with_a_log_shows_it_once_per_environment():
     assert "has no NFS client" not in failures
     page = render_html(results)
     assert page.count("has no NFS client") == 1 and page.count("[exit status 32 after 0.01 s]") == 1
+
+
+def test_an_unavailable_trial_of_a_measured_cell_keeps_its_error():
+    results = nfs_study()
+    results["failures"].append(
+        {
+            "environment": "vm",
+            "workload": "dd-64-local",
+            "trial": 2,
+            "phase": "unavailable",
+            "error": "the peer went away",
+            "log": "",
+        }  # fmt: skip
+    )
+    failures = render_markdown(results).split("## Failures", 1)[1].split("\n## ", 1)[0]
+    assert "### vm · dd-64-local (phase unavailable, trial 3)" in failures
+    assert "**error:** the peer went away" in failures

@@ -19,6 +19,8 @@ from virtlab.export import (
 )
 from virtlab.export.markdown import escape
 from virtlab.export.tables import (
+    ENV,
+    Reason,
     failure_cause,
     format_number,
     format_pct,
@@ -78,6 +80,9 @@ def row_of(table: list[list[str]], label_start: str, column: int = 0) -> list[st
         (1203978.6, 2285.3, "1204000 ± 2300"),
         (5880.22, 29.744, "5880 ± 30"),
         (123456.789, 0.001, "123457 ± 0"),  # never more than six significant digits
+        (12345.6789, 0.001, "12345.7 ± 0.0"),
+        (1234567.8, 0.01, "1234568 ± 0"),
+        (-0.4, 30.0, "0 ± 30"),  # never "-0"
         (0.5, 0.04, "0.500 ± 0.040"),
         # without an interval: three significant digits
         (16.482, None, "16.5"),
@@ -85,6 +90,7 @@ def row_of(table: list[list[str]], label_start: str, column: int = 0) -> list[st
         (0.9538, float("nan"), "0.954"),
         (5.0, -1.0, "5.00"),
         (9.996, None, "10.0"),  # still three digits once rounded up
+        (9.96, None, "9.96"),
         (0.0, None, "0"),
         (-0.5, None, "-0.500"),
         (0.001, None, "0.00100"),
@@ -109,6 +115,11 @@ def test_value_rounded_to_the_noise(value, half, text):
         (9.6123e-06, 9.577e-06, None, "9.61e-06"),  # the cell's notation, three digits without a CI
         (0.0021, 9.577e-06, None, "2.10000e-03"),  # to the same place as its figure
         (16.482, None, None, "16.5"),  # no figure: the trial's own three digits
+        (16.482, float("nan"), None, "16.5"),
+        (9.96, None, None, "9.96"),
+        (9.9996, None, None, "10.0"),
+        (1962.77, 1962.77, 0.0, "1960"),  # a zero-width interval is no interval
+        (0.0, 9.577e-06, None, "0"),
     ],
 )
 def test_a_trial_is_rounded_like_its_cell(trial, value, half, text):
@@ -121,6 +132,21 @@ def test_a_trial_is_rounded_like_its_cell(trial, value, half, text):
 )
 def test_format_number_keeps_the_significant_digits_asked(value, sig, text):
     assert format_number(value, sig) == text
+
+
+def test_a_reason_names_its_cells_shortest_first():
+    reason = Reason(
+        "a",
+        f"NFS not mounted in {ENV}: no client",
+        (("fio", "native"), ("dd", "native"), ("fio", "container"), ("dd", "container"), ("ior", "vm")),
+        ("fio", "dd", "ior"),
+    )
+    assert reason.where == "fio, dd in native and container; ior in vm"
+    assert reason.text == "NFS not mounted in native, container and vm: no client"
+    every = Reason("b", f"environment {ENV} failed", (("fio", "vm"), ("dd", "vm")), ("fio", "dd"))
+    assert every.where == "every workload in vm" and every.text == "environment vm failed"
+    one = Reason("c", "no result", (("fio", "vm"),), ("fio", "dd"))
+    assert one.where == "fio in vm"
 
 
 def test_reason_marks_run_past_z():
@@ -149,6 +175,11 @@ def test_reason_marks_run_past_z():
             "exit status 3",
         ),
         ("exit status 4", "--- stderr ---\n \n", "exit status 4"),
+        (
+            "exit status 7",
+            "--- stderr ---\nreal\n--- stdout (tail) ---\n--- stderr ---\nprinted\n--- stdout (tail) ---\nx",
+            "exit status 7: real",
+        ),
         ("exit status 5", "", "exit status 5"),
         ("fio: no space left", "--- stderr ---\nother", "fio: no space left"),  # a message says enough
         ("exit status 6 and more", "--- stderr ---\nother", "exit status 6 and more"),
