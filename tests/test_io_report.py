@@ -582,3 +582,19 @@ def test_an_unavailable_trial_of_a_measured_cell_keeps_its_error():
     failures = render_markdown(results).split("## Failures", 1)[1].split("\n## ", 1)[0]
     assert "### vm · dd-64-local (phase unavailable, trial 3)" in failures
     assert "**error:** the peer went away" in failures
+
+
+def test_a_reason_is_escaped_like_everything_else():
+    results = nfs_study()
+    evil = "<script>alert(1)</script>|x"
+    for failure in results["failures"]:
+        failure["error"] += evil
+    for item in results["workloads"] + results["cells"] + results["failures"]:
+        for key in ("name", "workload"):
+            if item.get(key) == "dd-64-nfs":
+                item[key] = evil
+    markdown, page = render_markdown(results), render_html(results)
+    assert "<script>" not in markdown and "<script>" not in page
+    assert "\\<script\\>alert(1)\\</script\\>\\|x" in markdown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;|x" in page
+    assert markdown.count("has no NFS client") == 1 and page.count("has no NFS client") == 1
