@@ -16,6 +16,7 @@ from virtlab.export import render_html, render_markdown
 from virtlab.export.iocharts import render_io_charts
 from virtlab.export.iotables import io_tables, varying_params
 from virtlab.export.sweeps import latency_bars, queue_depth_curves, sweep_curves, sweeps
+from virtlab.export.tables import Report, build_report
 from virtlab.samples import Sample
 from virtlab.store import FailureRecord, TrialRecord
 
@@ -164,8 +165,13 @@ def html(results) -> str:
 
 
 @pytest.fixture(scope="module")
-def tables(results) -> dict[str, Any]:
-    return {t.key: t for t in io_tables(results)}
+def report(results) -> Report:
+    return build_report(results)
+
+
+@pytest.fixture(scope="module")
+def tables(report) -> dict[str, Any]:
+    return {t.key: t for t in report.io_tables}
 
 
 def text_rows(table) -> list[list[str]]:
@@ -174,6 +180,13 @@ def text_rows(table) -> list[list[str]]:
 
 def notes_of(table, row: int, column: int) -> str:
     return table.notes[table.rows[row][column].note - 1]
+
+
+def reason_of(report: Report, table, row: int, column: int) -> str:
+    """The "Not measured here" entry a missing cell links to, as "where: cause"."""
+    mark = table.rows[row][column].reason
+    reason = next(r for r in report.not_measured if r.mark == mark)
+    return f"{reason.where}: {reason.text}"
 
 
 # --------------------------------------------------------------------------
@@ -200,10 +213,12 @@ def test_a_message_size_sweep_is_rows_in_size_order(tables):
     assert [r[0] for r in rows] == ["send only, 64 B", "send only, 1 KiB", "send only, 64 KiB"]
 
 
-def test_senders_into_one_are_their_own_table(tables):
+def test_senders_into_one_are_their_own_table(report, tables):
     table = tables["io-aggregate"]
     assert text_rows(table)[0][:2] == ["iperf3: 2 senders into it (container, vm)", "3937 ± 98"]
-    assert "container is one of this workload's peers, not a cell of it" in notes_of(table, 0, 2)
+    assert reason_of(report, table, 0, 2) == (
+        "into-native in container and vm: one of this workload's peers, not a cell of it"
+    )
 
 
 def test_dd_hdparm_ior_tables_say_how_the_cache_was_kept_out(tables):
@@ -239,7 +254,7 @@ def test_latency_table_has_local_and_nfs_rows(tables):
     assert "nfs4" in notes_of(table, 2, 1)
 
 
-def test_scp_rows_follow_the_cipher_and_a_missing_cipher_says_why(tables):
+def test_scp_rows_follow_the_cipher_and_a_missing_cipher_says_why(report, tables):
     table = tables["io-scp"]
     assert table.title == "scp, MB/s (seed 000 Table 16)" and table.header[0] == "cipher"
     rows = text_rows(table)
@@ -249,7 +264,7 @@ def test_scp_rows_follow_the_cipher_and_a_missing_cipher_says_why(tables):
         for figure in ("overall", "at 50% of the transfer")
     ]
     assert rows[0][1:3] == ["43.3 ± 1.1", "41.6 ± 1.0"] and rows[5][3] == "\u2014"
-    assert notes_of(table, 5, 3) == "not measured: scp-3des-cbc in vm: 3des-cbc: not offered by this OpenSSH"
+    assert reason_of(report, table, 5, 3) == "scp-3des-cbc in vm: 3des-cbc: not offered by this OpenSSH"
 
 
 def test_no_io_tables_or_charts_without_such_workloads():
@@ -262,12 +277,13 @@ def test_a_failed_kind_still_gets_its_table_with_the_reason():
     study = Study()
     study.workloads.append({"name": "hdparm", "kind": "hdparm", "params": {"directory": "."}})
     study.fail("hdparm", "native", "no block device behind .")
-    methods, table = io_tables(study.results(("native",)))
+    report = build_report(study.results(("native",)))
+    methods, table = report.io_tables
     assert methods.key == "io-disk-methods" and text_rows(methods) == [
         ["hdparm", "hdparm", "buffered read", "in ."]
     ]
     assert text_rows(table) == [["buffered read", "\u2014"]]
-    assert "no block device" in table.notes[0]
+    assert reason_of(report, table, 0, 1) == "hdparm in native: failed: no block device behind ."
 
 
 def test_nuttcp_conditions_are_seed_000_tables_7_and_8(tables):
@@ -417,3 +433,168 @@ def test_varying_params_ignore_the_timeout():
         {"params": {"size_mb": 16, "timeout_s": 302.0}},
     ]
     assert varying_params(workloads) == ["size_mb"]
+
+
+# --------------------------------------------------------------------------
+# a reason shared by many cells, and every figure rounded (issue 22)
+# --------------------------------------------------------------------------
+
+NO_CLIENT = (
+    "this host's kernel (6.1.0-27-cloud-amd64) has no NFS client: nfs4 is not in /proc/filesystems "
+    "and `modprobe nfsv4` found no module"
+)
+
+
+def nfs_study() -> dict[str, Any]:
+    """plans/container-vs-vm-io.toml on a host whose kernel has no NFS client: every NFS cell of
+    native and the container is unavailable, with the error ``SharedStorage`` gives each."""
+    study = Study()
+    for storage in ("local", "nfs"):
+        params = {"directory": ".", "storage": storage, "block_mb": 64, "file_mb": 256, "runs": 10}
+        study.add(f"fio-latency-{storage}", "fio_latency", params,
+                  rates([("lat_mean_ms", 25.0), ("lat_max_ms", 35.0)], "ms", "lower"))  # fmt: skip
+        for size in (64, 128):
+            params = {"directory": ".", "storage": storage, "size_mb": size, "block_kb": 65536,
+                      "mode": "write-read"}  # fmt: skip
+            study.add(f"dd-{size}-{storage}", "dd", params,
+                      rates([("write_mbs", 400.0 + size / 3), ("read_mbs", 1234.5678)], "MB/s"))  # fmt: skip
+
+    def setup(env: str, i: int) -> list[Sample]:  # native's "provision" is next to nothing
+        return [Sample("provision_s", 9.577e-06 if env == "native" else 1.2345, "s", "lower")]
+
+    study.add("environment-setup", "environment", {}, setup)
+    study.trials = [t for t in study.trials if t.workload != "environment-setup" or t.trial == 0]
+    nfs = {name for name in (w["name"] for w in study.workloads) if name.endswith("-nfs")}
+    for env in ("native", "container"):
+        study.trials = [t for t in study.trials if not (t.environment == env and t.workload in nfs)]
+        for name in sorted(nfs):
+            error = f"NFS not mounted in {env!r}: {NO_CLIENT}"
+            study.failures.append(FailureRecord(env, name, 0, "unavailable", error, "", 0.0))
+    return study.results()
+
+
+def test_a_reason_shared_by_many_cells_is_given_once():
+    results = nfs_study()
+    markdown, page = render_markdown(results), render_html(results)
+    assert markdown.count("has no NFS client") == 1 and page.count("has no NFS client") == 1
+    report = build_report(results)
+    assert len(report.not_measured) == 1
+    (reason,) = report.not_measured
+    assert reason.where == "fio-latency-nfs, dd-64-nfs, dd-128-nfs in native and container"
+    assert reason.text == f"NFS not mounted in native and container: {NO_CLIENT}"
+    # every missing cell of every table links to it: 3 NFS workloads, 6 metrics, 2 environments
+    dashes = [c for t in (report.results, *report.io_tables) for row in t.rows for c in row if c.text == "—"]
+    assert dashes and {(c.reason, c.kind) for c in dashes} == {("a", "missing")}
+    assert markdown.count("— (a)") > 12 and page.count('href="#why-a"') == markdown.count("— (a)")
+    assert page.count('id="why-a"') == 1
+
+
+def test_reasons_that_differ_stay_apart():
+    results = nfs_study()
+    results["failures"][0]["error"] = "NFS not mounted in 'native': mount.nfs4: access denied by server"
+    report = build_report(results)
+    assert [r.mark for r in report.not_measured] == ["a", "b"]
+    first, second = report.not_measured
+    assert first.where == "fio-latency-nfs, dd-64-nfs in native and container; dd-128-nfs in container"
+    assert first.text == f"NFS not mounted in native and container: {NO_CLIENT}"
+    assert second.where == "dd-128-nfs in native"
+    assert second.text == "NFS not mounted in native: mount.nfs4: access denied by server"
+    markdown = render_markdown(results)
+    assert markdown.count("has no NFS client") == 1 and markdown.count("access denied by server") == 1
+
+
+_NUMBER = re.compile(r"-?(\d+(?:\.\d+)?)(?:e([-+]\d+))?")
+
+
+def significant(text: str) -> int:
+    """Significant digits of a figure as printed (an integer's trailing zeros are not counted)."""
+    match = _NUMBER.fullmatch(text)
+    assert match, f"not a figure: {text!r}"
+    digits = match.group(1)
+    if "." not in digits:
+        digits = digits.rstrip("0") or "0"
+    return len(digits.replace(".", "").lstrip("0")) or 1
+
+
+def last_place(text: str) -> int:
+    """The power of ten of a printed figure's last digit."""
+    match = _NUMBER.fullmatch(text)
+    assert match
+    decimals = len(match.group(1).split(".")[1]) if "." in match.group(1) else 0
+    return int(match.group(2) or 0) - decimals
+
+
+def test_every_figure_of_every_table_is_rounded():
+    results = nfs_study()
+    report = build_report(results)
+    figures = [
+        c.text for t in (report.results, *report.io_tables) for row in t.rows for c in row if c.kind == "num"
+    ]
+    assert len(figures) > 30
+    for text in figures:
+        value, _, half = text.partition(" ± ")
+        if half:
+            assert significant(half) <= 2 and last_place(value) == last_place(half), text
+        else:
+            assert significant(value) <= 3, text
+    setup = next(row for row in report.results.rows if row[0].text.startswith("environment-setup"))
+    assert [c.text for c in setup[1:]] == ["9.58e-06", "1.23", "1.23"]
+    assert "0.0000095770" not in render_markdown(results) and "9.58e-06" in render_html(results)
+
+
+def test_a_failure_that_only_says_its_exit_status_gets_its_last_stderr_line():
+    study = Study()
+    study.add("dd-8", "dd", {"directory": ".", "size_mb": 8}, rate("write_mbs", 100.0, "MB/s"))
+    study.trials = [t for t in study.trials if t.environment != "vm"]
+    log = "$ dd of=./f\n[exit status 1 after 0.01 s]\n--- stderr ---\ndd: ./f: No space left on device\n"
+    study.failures.append(FailureRecord("vm", "dd-8", 0, "run", "exit status 1", log, 0.0))
+    markdown = render_markdown(study.results())
+    assert "- **(a)** dd-8 in vm: failed: exit status 1: dd: ./f: No space left on device" in markdown
+
+
+def test_an_unavailable_cell_with_a_log_shows_it_once_per_environment():
+    results = nfs_study()
+    for failure in results["failures"]:
+        if failure["environment"] == "native":
+            failure["log"] = "$ mount -t nfs4 ...\n[exit status 32 after 0.01 s]"
+    markdown = render_markdown(results)
+    failures = markdown.split("## Failures", 1)[1].split("\n## ", 1)[0]
+    assert failures.count("### ") == 1
+    assert "### native · dd-128-nfs, dd-64-nfs, fio-latency-nfs (phase unavailable)" in failures
+    assert "**not measured:** reason (a) of Not measured here" in failures
+    assert "has no NFS client" not in failures
+    page = render_html(results)
+    assert page.count("has no NFS client") == 1 and page.count("[exit status 32 after 0.01 s]") == 1
+
+
+def test_an_unavailable_trial_of_a_measured_cell_keeps_its_error():
+    results = nfs_study()
+    results["failures"].append(
+        {
+            "environment": "vm",
+            "workload": "dd-64-local",
+            "trial": 2,
+            "phase": "unavailable",
+            "error": "the peer went away",
+            "log": "",
+        }  # fmt: skip
+    )
+    failures = render_markdown(results).split("## Failures", 1)[1].split("\n## ", 1)[0]
+    assert "### vm · dd-64-local (phase unavailable, trial 3)" in failures
+    assert "**error:** the peer went away" in failures
+
+
+def test_a_reason_is_escaped_like_everything_else():
+    results = nfs_study()
+    evil = "<script>alert(1)</script>|x"
+    for failure in results["failures"]:
+        failure["error"] += evil
+    for item in results["workloads"] + results["cells"] + results["failures"]:
+        for key in ("name", "workload"):
+            if item.get(key) == "dd-64-nfs":
+                item[key] = evil
+    markdown, page = render_markdown(results), render_html(results)
+    assert "<script>" not in markdown and "<script>" not in page
+    assert "\\<script\\>alert(1)\\</script\\>\\|x" in markdown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;|x" in page
+    assert markdown.count("has no NFS client") == 1 and page.count("has no NFS client") == 1

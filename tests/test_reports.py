@@ -18,7 +18,16 @@ from virtlab.export import (
     write_results_json,
 )
 from virtlab.export.markdown import escape
-from virtlab.export.tables import format_pct, format_value
+from virtlab.export.tables import (
+    ENV,
+    Reason,
+    failure_cause,
+    format_number,
+    format_pct,
+    format_trial,
+    format_value,
+    reason_mark,
+)
 
 SAMPLE = Path(__file__).parent / "data" / "results_sample.json"
 EVIL = "<script>alert(1)</script>|x"
@@ -70,12 +79,114 @@ def row_of(table: list[list[str]], label_start: str, column: int = 0) -> list[st
         (0.96912, 0.05619, "0.969 ± 0.056"),
         (1203978.6, 2285.3, "1204000 ± 2300"),
         (5880.22, 29.744, "5880 ± 30"),
-        (16.482, None, "16.482"),
-        (1962.766657, 0.0, "1962.8"),
+        (123456.789, 0.001, "123457 ± 0"),  # never more than six significant digits
+        (12345.6789, 0.001, "12345.7 ± 0.0"),
+        (1234567.8, 0.01, "1234568 ± 0"),
+        (-0.4, 30.0, "0 ± 30"),  # never "-0"
+        (0.5, 0.04, "0.500 ± 0.040"),
+        # without an interval: three significant digits
+        (16.482, None, "16.5"),
+        (1962.766657, 0.0, "1960"),
+        (0.9538, float("nan"), "0.954"),
+        (5.0, -1.0, "5.00"),
+        (9.996, None, "10.0"),  # still three digits once rounded up
+        (9.96, None, "9.96"),
+        (0.0, None, "0"),
+        (-0.5, None, "-0.500"),
+        (0.001, None, "0.00100"),
+        # below 0.001: scientific, so that no one counts zeros (environment-setup · provision_s)
+        (9.577e-06, None, "9.58e-06"),
+        (-0.0005, None, "-5.00e-04"),
+        (9.577e-06, 2.3e-09, "9.5770e-06 ± 2.3e-09"),
+        (0.00042, 0.0003, "4.2e-04 ± 3.0e-04"),
+        (0.00042, 0.004, "4e-04 ± 4.0e-03"),  # noise larger than the figure: one digit still shown
     ],
 )
 def test_value_rounded_to_the_noise(value, half, text):
     assert format_value(value, half) == text
+
+
+@pytest.mark.parametrize(
+    ("trial", "value", "half", "text"),
+    [
+        (2478.61, 2457.839, 7.8246, "2478.6"),  # to the place of its cell's interval
+        (1.27331, 0.96912, 0.05619, "1.273"),
+        (2285.3, 1203978.6, 2285.3, "2300"),
+        (9.6123e-06, 9.577e-06, None, "9.61e-06"),  # the cell's notation, three digits without a CI
+        (0.0021, 9.577e-06, None, "2.10000e-03"),  # to the same place as its figure
+        (16.482, None, None, "16.5"),  # no figure: the trial's own three digits
+        (16.482, float("nan"), None, "16.5"),
+        (9.96, None, None, "9.96"),
+        (9.9996, None, None, "10.0"),
+        (1962.77, 1962.77, 0.0, "1960"),  # a zero-width interval is no interval
+        (0.0, 9.577e-06, None, "0"),
+    ],
+)
+def test_a_trial_is_rounded_like_its_cell(trial, value, half, text):
+    assert format_trial(trial, value, half) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "sig", "text"),
+    [(1962.766657, 4, "1963"), (0.123456, 2, "0.12"), (123456.0, 2, "120000"), (2.5e-07, 2, "2.5e-07")],
+)
+def test_format_number_keeps_the_significant_digits_asked(value, sig, text):
+    assert format_number(value, sig) == text
+
+
+def test_a_reason_names_its_cells_shortest_first():
+    reason = Reason(
+        "a",
+        f"NFS not mounted in {ENV}: no client",
+        (("fio", "native"), ("dd", "native"), ("fio", "container"), ("dd", "container"), ("ior", "vm")),
+        ("fio", "dd", "ior"),
+    )
+    assert reason.where == "fio, dd in native and container; ior in vm"
+    assert reason.text == "NFS not mounted in native, container and vm: no client"
+    every = Reason("b", f"environment {ENV} failed", (("fio", "vm"), ("dd", "vm")), ("fio", "dd"))
+    assert every.where == "every workload in vm" and every.text == "environment vm failed"
+    one = Reason("c", "no result", (("fio", "vm"),), ("fio", "dd"))
+    assert one.where == "fio in vm"
+
+
+def test_reason_marks_run_past_z():
+    assert [reason_mark(n) for n in (1, 2, 26, 27, 28, 52, 53, 702, 703)] == [
+        "a", "b", "z", "aa", "ab", "az", "ba", "zz", "aaa",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "log", "cause"),
+    [
+        (
+            "exit status 1",
+            "$ fio x\n[exit status 1 after 0.20 s]\n--- stderr ---\nfio: no space\n\n",
+            "exit status 1: fio: no space",
+        ),
+        (
+            "exit status 2",
+            "$ dd\n[exit status 2 after 1.00 s]\n--- stderr ---\nfirst\nlast one\n"
+            "--- stdout (tail) ---\nnot this",
+            "exit status 2: last one",
+        ),
+        (
+            "exit status 3",
+            "$ x\n[exit status 3 after 1.00 s]\n--- stdout (tail) ---\nonly stdout",
+            "exit status 3",
+        ),
+        ("exit status 4", "--- stderr ---\n \n", "exit status 4"),
+        (
+            "exit status 7",
+            "--- stderr ---\nreal\n--- stdout (tail) ---\n--- stderr ---\nprinted\n--- stdout (tail) ---\nx",
+            "exit status 7: real",
+        ),
+        ("exit status 5", "", "exit status 5"),
+        ("fio: no space left", "--- stderr ---\nother", "fio: no space left"),  # a message says enough
+        ("exit status 6 and more", "--- stderr ---\nother", "exit status 6 and more"),
+    ],
+)
+def test_a_bare_exit_status_takes_the_last_stderr_line(error, log, cause):
+    assert failure_cause(error, log) == cause
 
 
 def test_percentages_are_signed():
@@ -101,10 +212,10 @@ def test_results_table_has_metrics_as_rows_and_environments_as_columns(results):
         "stream · triad_mb_s (MB/s, ↑)",
         "cubic-calc · ops_per_s (ops/s, ↑)",
     ]
-    assert row_of(table, "himeno-m")[1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "—¹"]
-    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "0.9579 ± 0.0069", "—¹"]
-    assert row_of(table, "stream · add")[1:] == ["6421 ± 29", "5669 ± 73", "—¹"]
-    assert row_of(table, "cubic-calc")[1:] == ["1204000 ± 2300", "1185600 ± 5500", "—¹"]
+    assert row_of(table, "himeno-m")[1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "— (a)"]
+    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "0.9579 ± 0.0069", "— (a)"]
+    assert row_of(table, "stream · add")[1:] == ["6421 ± 29", "5669 ± 73", "— (a)"]
+    assert row_of(table, "cubic-calc")[1:] == ["1204000 ± 2300", "1185600 ± 5500", "— (a)"]
 
 
 def test_markdown_escapes_only_what_would_be_markup():
@@ -117,11 +228,13 @@ def test_markdown_escapes_only_what_would_be_markup():
 def test_unmeasured_environment_shows_a_dash_and_the_reason(results):
     md = render_markdown(results)
     table = md_table(md, "Results")
-    assert all(r[3] == "—¹" for r in table[1:])
-    assert "¹ not measured: environment vm failed: guest did not boot: KVM internal error" in md
+    assert all(r[3] == "— (a)" for r in table[1:])
+    assert (
+        "- **(a)** every workload in vm: environment vm failed: guest did not boot: KVM internal error" in md
+    )
     # never a number for vm anywhere in the tables
     for heading in ("Overhead vs native (%)", "Verdict (within ±10% of native)"):
-        assert all(r[-1] == "—¹" for r in md_table(md, heading)[1:])
+        assert all(r[-1] == "— (a)" for r in md_table(md, heading)[1:])
 
 
 def test_overhead_sign_follows_the_metric_direction(results):
@@ -175,12 +288,12 @@ def test_trials_show_every_value_and_mark_dropped_and_outliers(results):
         "2464.3", "2452.8", "~~2444.1~~", "2461.5", "2452.9", "2452.2",
     ]  # fmt: skip
     pi = [r for r in table if r[0].startswith("pi-1m") and r[1] == "native"][0]
-    assert pi[7] == "~~1.2733~~†"  # trial 6: the cold-cache run, dropped and an outlier
+    assert pi[7] == "~~1.273~~†"  # trial 6: the cold-cache run, dropped and an outlier
     for row in table[1:]:
         if row[1] != "vm":
             assert sum(c.startswith("~~") for c in row) == 2
     vm = [r for r in table if r[1] == "vm"]
-    assert len(vm) == 7 and all(r[2] == "—¹" for r in vm)
+    assert len(vm) == 7 and all(r[2] == "— (a)" for r in vm)
 
 
 def test_failure_section_shows_error_and_log(results):
@@ -239,8 +352,8 @@ def test_missing_cell_of_a_working_environment_names_its_failure(results):
     )
     md = render_markdown(results)
     table = md_table(md, "Results")
-    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "—²", "—¹"]
-    assert "² not measured: pi-1m failed in container: exit status 139" in md
+    assert row_of(table, "pi-1m")[1:] == ["0.969 ± 0.056", "— (b)", "— (a)"]
+    assert "- **(b)** pi-1m in container: failed: exit status 139" in md
     assert "### container · pi-1m (phase run, trial 4)" in md
 
 
@@ -252,7 +365,7 @@ def test_names_cannot_break_a_markdown_table(results):
     table = md_table(md, "Results")
     evil_rows = [r for r in table if "alert" in r[0]]
     assert len(evil_rows) == 1 and len(evil_rows[0]) == 4
-    assert evil_rows[0][1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "—¹"]
+    assert evil_rows[0][1:] == ["2457.8 ± 7.8", "2422.3 ± 7.7", "— (a)"]
     assert "<script>" not in md
     assert "\\<script\\>alert(1)\\</script\\>\\|x" in md
 
@@ -287,7 +400,11 @@ def test_html_shows_the_same_tables(sample_html):
         assert text in html
     assert html.count('class="ok mark"') == 6
     assert html.count('class="bad mark"') == 1
-    assert "not measured: environment vm failed" in html
+    assert (
+        '<li id="why-a"><strong>(a)</strong> <span class="where">every workload in vm</span>: '
+        "environment vm failed" in html
+    )
+    assert html.count('href="#why-a"') == 7 * 4  # results, overhead, verdict and trials
     assert 'class="num num dropped"' in html
     assert "KVM internal error. Suberror: 1" in html
     for anchor in ("results", "overhead", "verdict", "charts", "over-time", "trials", "failures"):

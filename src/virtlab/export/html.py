@@ -16,8 +16,7 @@ from markupsafe import Markup
 
 from virtlab.export.charts import render_charts
 from virtlab.export.iocharts import render_io_charts
-from virtlab.export.iotables import io_tables
-from virtlab.export.tables import Table, build_report, note_mark
+from virtlab.export.tables import NOT_MEASURED_CAPTION, NOT_MEASURED_TITLE, Table, build_report, note_mark
 from virtlab.export.usage import usage_html
 
 
@@ -32,6 +31,8 @@ def _environment() -> jinja2.Environment:
     )
     env.globals["note_mark"] = note_mark
     env.globals["column_class"] = column_class
+    env.globals["not_measured_title"] = NOT_MEASURED_TITLE
+    env.globals["not_measured_caption"] = NOT_MEASURED_CAPTION
     return env
 
 
@@ -51,7 +52,7 @@ def render_html(results: Mapping[str, Any]) -> str:
     bars, series = render_charts(results)
     charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in bars]
     lines = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in series]
-    io = _io_parts(results)
+    io_charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in render_io_charts(results)]
     meta = results.get("metadata") or {}
     return (
         _environment()
@@ -60,15 +61,10 @@ def render_html(results: Mapping[str, Any]) -> str:
             report=report,
             charts=charts,
             series=lines,
-            **io,
+            io_tables=report.io_tables,
+            io_charts=io_charts,
             usage=usage_html(results),
             version=results.get("version"),
             virtlab_version=meta.get("virtlab_version") or "",
         )
     )
-
-
-def _io_parts(results: Mapping[str, Any]) -> dict[str, Any]:
-    """The seed-shaped disk, network and file-transfer tables and their sweep and latency charts."""
-    charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in render_io_charts(results)]
-    return {"io_tables": io_tables(results), "io_charts": charts}

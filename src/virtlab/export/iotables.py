@@ -22,6 +22,8 @@ from typing import Any
 
 from virtlab import stats
 from virtlab.export.tables import (
+    ENV,
+    Absence,
     Cell,
     Row,
     Table,
@@ -175,7 +177,8 @@ def figure_table(
     absent: Callable[[str, Line], str | None] | None = None,
 ) -> Table:
     """Rows = ``lines``, columns = environments; a figure ± its 95% CI half-width, footnotes for how
-    it was measured and why one is missing (``absent`` may give a reason of its own)."""
+    it was measured, and the mark of the report's reason where one is missing (``absent`` may give a
+    cause of its own, :data:`ENV` where the environment's name goes)."""
     notes = _Notes()
     rows = []
     for line in lines:
@@ -185,8 +188,9 @@ def figure_table(
             cell = ctx.cell(env, row)
             value = cell_value(cell, ctx.reduction)
             if cell is None or value is None:
-                reason = absent(env, line) if absent else None
-                cells.append(notes.missing(reason or ctx.why_missing(env, row)))
+                cause = absent(env, line) if absent else None
+                why = Absence(cause, line.workload, env) if cause else ctx.why_missing(env, row)
+                cells.append(ctx.reasons.missing(why))
                 continue
             ci = cell_ci(cell, ctx.reduction)
             facts = how_measured(cell, env)
@@ -270,7 +274,7 @@ def aggregate_table(ctx: _Context) -> Table | None:
 
     def absent(env: str, line: Line) -> str | None:
         if env in _group_of(by_name[line.workload]):
-            return f"{env} is one of this workload's peers, not a cell of it"
+            return "one of this workload's peers, not a cell of it"
         return None
 
     return figure_table(
@@ -415,14 +419,13 @@ def disk_verdict_table(ctx: _Context) -> Table | None:
     lines = [Line(f"{_kind_word(ctx, x.workload)} {x.label}", x.workload, x.metric) for x in lines]
     if not lines:
         return None
-    notes = _Notes()
     rows = []
     for line in lines:
         cells = [Cell(line.label, "label")]
         for env in ctx.others:
-            overhead, reason = ctx.overhead(env, _row(ctx, line))
-            if overhead is None:
-                cells.append(notes.missing(reason or "unknown"))
+            overhead = ctx.overhead(env, _row(ctx, line))
+            if isinstance(overhead, Absence):
+                cells.append(ctx.reasons.missing(overhead))
                 continue
             mark = stats.verdict(overhead, ctx.threshold)
             cells.append(Cell(mark or "", "ok" if mark == stats.MARK_OK else "bad"))
@@ -435,7 +438,6 @@ def disk_verdict_table(ctx: _Context) -> Table | None:
         rows=tuple(rows),
         caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}'s figure, {stats.MARK_BAD} = {pct}% or "
         "more away in either direction.",
-        notes=tuple(notes.texts),
     )
 
 
@@ -508,7 +510,7 @@ def _no_half_rate(ctx: _Context, env: str, line: Line) -> str | None:
         return None
     overall = ctx.cells.get((env, line.workload, "overall_mbs")) or {}
     reason = (overall.get("context") or {}).get("at_50pct_missing")
-    return f"no rate at 50% in {env}: {reason}" if reason else None
+    return f"no rate at 50% in {ENV}: {reason}" if reason else None
 
 
 def _sort_key(workload: Mapping[str, Any], varying: Sequence[str]) -> tuple:
@@ -533,7 +535,11 @@ def _reduction(ctx: _Context) -> str:
 
 def io_tables(results: Mapping[str, Any]) -> list[Table]:
     """Every seed-shaped table the study's workloads call for, in the seeds' order; none without them."""
-    ctx = _Context(results)
+    return io_tables_of(_Context(results))
+
+
+def io_tables_of(ctx: _Context) -> list[Table]:
+    """:func:`io_tables` with the report's context, whose reasons they share with its other tables."""
     tables: list[Table] = [*network_conditions_tables(ctx), *network_tables(ctx)]
     tables += [t for t in (aggregate_table(ctx),) if t is not None]
     tables += [t for t in (disk_methods_table(ctx),) if t is not None]

@@ -8,11 +8,19 @@ text; logs go into fenced blocks longer than any backtick run inside them.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from virtlab.export.iotables import io_tables
-from virtlab.export.tables import Cell, Failure, Table, build_report, note_mark
+from virtlab.export.tables import (
+    NOT_MEASURED_CAPTION,
+    NOT_MEASURED_TITLE,
+    Cell,
+    Failure,
+    Reason,
+    Table,
+    build_report,
+    note_mark,
+)
 from virtlab.export.usage import usage_markdown
 
 _ALWAYS = re.compile(r"([\\`*\[\]<>|~&])")
@@ -39,6 +47,8 @@ def _cell(cell: Cell) -> str:
         text += "\u2020"
     if cell.note is not None:
         text += note_mark(cell.note)
+    if cell.reason is not None:
+        text += f" ({cell.reason})"
     return text
 
 
@@ -91,7 +101,9 @@ def _fence(text: str) -> str:
 
 def _failure(failure: Failure) -> list[str]:
     parts = [f"### {escape(failure.title)}"]
-    if failure.error:
+    if failure.reason:
+        parts.append(f"**not measured:** reason ({failure.reason}) of {NOT_MEASURED_TITLE}")
+    elif failure.error:
         parts.append(f"**error:** {escape(failure.error)}")
     if failure.log:
         fence = _fence(failure.log)
@@ -103,13 +115,12 @@ def _failure(failure: Failure) -> list[str]:
     return parts
 
 
-def _io_sections(results: Mapping[str, Any]) -> list[str]:
-    """The seed-shaped disk, network and file-transfer tables (none when the study has no such
-    workload); their charts are in the HTML report."""
-    parts = []
-    for table in io_tables(results):
-        parts += _section(table)
-    return parts
+def not_measured(reasons: Sequence[Reason]) -> list[str]:
+    """The "Not measured here" section: each cause once, with the cells it leaves empty."""
+    if not reasons:
+        return []
+    items = [f"- **({r.mark})** {escape(r.where)}: {escape(r.text)}" for r in reasons]
+    return [f"## {NOT_MEASURED_TITLE}", escape(NOT_MEASURED_CAPTION), "\n".join(items)]
 
 
 def render_markdown(results: Mapping[str, Any]) -> str:
@@ -117,9 +128,11 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     report = build_report(results)
     parts = [f"# {escape(report.title)}", escape(report.study_line)]
     parts += _section(report.results, escape(report.legend))
+    parts += not_measured(report.not_measured)
     parts += _section(report.overhead)
     parts += _section(report.verdict)
-    parts += _io_sections(results)
+    for table in report.io_tables:  # disk, network, file transfer; their charts are in the HTML
+        parts += _section(table)
     parts += usage_markdown(results)  # [study] cpu_sample_interval_s: CPU usage over time
     parts += _section(report.trials, escape(report.trials_legend))
     if report.failures:

@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from virtlab.export.charts import Chart
 from virtlab.export.html import _environment
-from virtlab.export.markdown import _failure, _section, escape
+from virtlab.export.markdown import _failure, _section, escape, not_measured
 from virtlab.export.tables import Report, Table, build_report
 from virtlab.export.tabular import _write_atomic
 
@@ -46,6 +46,13 @@ class ScenarioReport:
     """The grid report's table of every trial, after the scenario's tables."""
     no_failures: str = "None: every run went to the end."
     base: Report = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def shows_reasons(self) -> bool:
+        """Whether "Not measured here" is shown: for the trials' dashes or a failure pointing to it."""
+        return bool(self.base.not_measured) and (
+            self.show_trials or any(f.reason for f in self.base.failures)
+        )
 
 
 def settings(options: Mapping[str, Any]) -> str:
@@ -74,6 +81,8 @@ def render_markdown(report: ScenarioReport) -> str:
     for table in report.after_figures:
         parts += _section(table)
     base = report.base
+    if report.shows_reasons:
+        parts += not_measured(base.not_measured)
     if report.show_trials:
         parts += _section(base.trials)
     if base.failures:

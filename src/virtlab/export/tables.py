@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from virtlab import stats
@@ -40,8 +41,12 @@ CellKind = Literal["label", "num", "text", "ok", "bad", "missing"]
 _LOG_LINES = 40
 _LOG_CHARS = 4000
 _ERROR_CHARS = 200
-_TRIAL_SIG = 5
-_MAX_DECIMALS_SIG = 6
+_NO_CI_SIG = 3
+_MAX_SIG = 6
+_SCIENTIFIC_BELOW = 1e-3
+_EXIT_STATUS = re.compile(r"exit status -?\d+")
+_STDERR = "--- stderr ---\n"
+_STDOUT = "\n--- stdout (tail) ---"
 
 
 # --------------------------------------------------------------------------
@@ -53,13 +58,15 @@ _MAX_DECIMALS_SIG = 6
 class Cell:
     """One table cell: its display text and what it is, never markup.
 
-    ``note`` is the 1-based number of the table footnote explaining the cell
-    (used for "not measured: <reason>"); ``dropped``/``outlier`` mark raw trials.
+    ``note`` is the 1-based number of the table footnote about the figure (how it was
+    measured); ``reason`` is the mark of the report's "Not measured here" entry that
+    says why a figure is missing (``a``, ``b`` ...); ``dropped``/``outlier`` mark raw trials.
     """
 
     text: str
     kind: CellKind = "text"
     note: int | None = None
+    reason: str | None = None
     dropped: bool = False
     outlier: bool = False
 
@@ -88,6 +95,8 @@ class Failure:
     log: str
     """The end of the log, at most a screenful; the full log stays in the results."""
     log_truncated: bool
+    reason: str | None = None
+    """The mark of the "Not measured here" entry that gives ``error``, shown instead of it."""
 
     @property
     def title(self) -> str:
@@ -119,6 +128,79 @@ class Row:
         return f"{self.workload} \u00b7 {self.metric} ({unit})"
 
 
+NOT_MEASURED_TITLE = "Not measured here"
+NOT_MEASURED_CAPTION = (
+    f"A {MISSING} in a table is followed by the letter of its reason below; each reason names every "
+    "cell it explains. An overhead or a verdict is missing wherever the environment's or the "
+    "baseline's figure is."
+)
+
+ENV = "\x00"
+"""Stands for the environment(s) in a cause's text until the cells sharing it are known."""
+
+
+@dataclass(frozen=True)
+class Absence:
+    """Why one figure is missing: its cause, with :data:`ENV` where the environment's name goes,
+    so that the cells of several environments missing for the same cause share one reason."""
+
+    cause: str
+    workload: str
+    environment: str
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One entry of "Not measured here": a cause and every cell it leaves without a figure."""
+
+    mark: str
+    """``a``, ``b`` ... ``z``, ``aa`` ...: what a missing cell shows."""
+    cause: str
+    cells: tuple[tuple[str, str], ...]
+    """(workload, environment) in the order the tables first met them."""
+    all_workloads: tuple[str, ...] = ()
+
+    @property
+    def environments(self) -> list[str]:
+        return list(dict.fromkeys(env for _, env in self.cells))
+
+    @property
+    def text(self) -> str:
+        """The cause, the environments named where its text had one."""
+        return self.cause.replace(ENV, _and(self.environments))
+
+    @property
+    def where(self) -> str:
+        """The cells, shortest first: "dd-64, dd-128 in native and container; fio in vm"."""
+        by_workload: dict[str, list[str]] = {}
+        for workload, env in self.cells:
+            by_workload.setdefault(workload, [])
+            if env not in by_workload[workload]:
+                by_workload[workload].append(env)
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for workload, envs in by_workload.items():
+            groups.setdefault(tuple(envs), []).append(workload)
+        parts = []
+        for envs, workloads in groups.items():
+            every = len(groups) == 1 and len(workloads) > 1 and set(workloads) == set(self.all_workloads)
+            names = "every workload" if every else ", ".join(workloads)
+            parts.append(f"{names} in {_and(list(envs))}")
+        return "; ".join(parts)
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def reason_mark(n: int) -> str:
+    """The ``n``-th (from 1) reason's mark: a ... z, aa, ab ..."""
+    letters = ""
+    while n > 0:
+        n, rest = divmod(n - 1, 26)
+        letters = chr(ord("a") + rest) + letters
+    return letters
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything a report shows, already decided and formatted."""
@@ -129,6 +211,10 @@ class Report:
     results: Table
     overhead: Table
     verdict: Table
+    io_tables: tuple[Table, ...]
+    """The disk, network and file-transfer tables (:mod:`virtlab.export.iotables`)."""
+    not_measured: tuple[Reason, ...]
+    """Why each missing figure of every table is missing, each cause once."""
     trials: Table
     failures: tuple[Failure, ...]
     environments: Table
@@ -160,42 +246,55 @@ def _fixed(x: float, decimals: int) -> str:
     return "0" if text.lstrip("-").strip("0.") == "" and decimals <= 0 else text
 
 
-def format_number(value: float, sig: int = _TRIAL_SIG) -> str:
-    """``value`` with ``sig`` significant digits, but never in scientific notation."""
-    return _fixed(value, sig - 1 - _magnitude(value))
+def _scientific(value: float) -> bool:
+    """Whether a figure is written as 9.58e-06: below 0.001, where leading zeros hide its size."""
+    return value != 0 and abs(value) < _SCIENTIFIC_BELOW
 
 
-def _written_decimals(value: float) -> int:
-    """Decimal places of the shortest text that reads back as ``value`` (0.9538 -> 4)."""
-    text = repr(float(value))
-    if "e" in text or "." not in text:
-        return 0
-    decimals = text.split(".")[1].rstrip("0")
-    return len(decimals)
+def _render(x: float, place: int, scientific: bool) -> str:
+    """``x`` rounded to the digit worth 10**place, in fixed or scientific notation."""
+    if scientific:
+        return f"{x:.{max(0, _magnitude(x) - place)}e}" if x != 0 else "0"
+    return _fixed(x, -place)
 
 
-def decimals_for(values: Iterable[float], sig: int = _TRIAL_SIG) -> int:
-    """Decimal places for a row of raw values: ``sig`` significant digits for the
-    largest, but no trailing zeros the tool never printed."""
-    finite = [float(v) for v in values if _finite(v)]
-    if not finite:
-        return 0
-    wanted = max(0, sig - 1 - _magnitude(max(abs(v) for v in finite)))
-    return min(wanted, max(_written_decimals(v) for v in finite))
+def _place(value: float, half_width: float | None) -> int:
+    """The last digit a figure shows (as a power of ten): the half-width's second significant
+    digit, but at most six significant digits; three significant digits without an interval."""
+    if not _finite(half_width) or half_width <= 0:
+        return _magnitude(float(f"{value:.{_NO_CI_SIG - 1}e}")) - (_NO_CI_SIG - 1)
+    return max(_magnitude(half_width) - 1, min(0, _magnitude(value) - (_MAX_SIG - 1)))
 
 
-def format_value(value: float, half_width: float | None) -> str:
-    """A reduced figure with its 95% CI half-width: ``2457.8 ± 7.8``.
+def format_number(value: float, sig: int = _NO_CI_SIG) -> str:
+    """``value`` with ``sig`` significant digits (1962.77 -> 1960, 9.577e-06 -> 9.58e-06)."""
+    if value == 0:
+        return "0"
+    if _scientific(value):
+        return f"{value:.{sig - 1}e}"
+    return _fixed(value, sig - 1 - _magnitude(float(f"{value:.{sig - 1}e}")))
 
-    The half-width is shown with two significant digits and the value rounded to
-    the same place, so no digit is printed that the noise makes meaningless. A
-    figure without a usable interval gets five significant digits.
+
+def format_value(value: float, half_width: float | None = None) -> str:
+    """A figure with its 95% CI half-width (``2457.8 ± 7.8``), as every table shows one.
+
+    The half-width gets two significant digits and the value is rounded to the same place, so
+    no digit is printed that the noise makes meaningless (and never more than six significant
+    digits). A figure without a usable interval gets three significant digits. A figure below
+    0.001 is written in scientific notation, half-width included: ``9.577e-06 ± 2.3e-09``.
     """
     if not _finite(half_width) or half_width <= 0:
         return format_number(value)
-    decimals = 1 - _magnitude(half_width)
-    decimals = min(decimals, max(0, _MAX_DECIMALS_SIG - 1 - _magnitude(value)))
-    return f"{_fixed(value, decimals)} \u00b1 {_fixed(half_width, decimals)}"
+    place = _place(value, half_width)
+    scientific = _scientific(value)
+    return f"{_render(value, place, scientific)} \u00b1 {_render(half_width, place, scientific)}"
+
+
+def format_trial(trial: float, value: float | None, half_width: float | None) -> str:
+    """A raw trial rounded like its cell's figure ``value`` ± ``half_width`` (the results keep
+    every digit; a report shows the ones the noise leaves meaningful)."""
+    figure = value if value is not None and _finite(value) else trial
+    return _render(trial, _place(figure, half_width), _scientific(figure))
 
 
 def format_threshold(pct: float) -> str:
@@ -395,8 +494,45 @@ class _Notes:
             self.texts.append(text)
         return self.texts.index(text) + 1
 
-    def missing(self, reason: str) -> Cell:
-        return Cell(MISSING, "missing", note=self.add(f"not measured: {reason}"))
+
+class _Reasons:
+    """The causes of missing figures across every table of a report, each given once."""
+
+    def __init__(self, all_workloads: Sequence[str]) -> None:
+        self.cells: dict[str, list[tuple[str, str]]] = {}
+        self.all_workloads = tuple(all_workloads)
+
+    def missing(self, absence: Absence) -> Cell:
+        """A dash marked with the reason of ``absence``."""
+        cells = self.cells.setdefault(absence.cause, [])
+        if (absence.workload, absence.environment) not in cells:
+            cells.append((absence.workload, absence.environment))
+        return Cell(MISSING, "missing", reason=reason_mark(list(self.cells).index(absence.cause) + 1))
+
+    def mark_of(self, cause: str) -> str | None:
+        """The mark of ``cause`` if a table used it, else None."""
+        return reason_mark(list(self.cells).index(cause) + 1) if cause in self.cells else None
+
+    def entries(self) -> tuple[Reason, ...]:
+        return tuple(
+            Reason(reason_mark(i), cause, tuple(cells), self.all_workloads)
+            for i, (cause, cells) in enumerate(self.cells.items(), 1)
+        )
+
+
+def _named(text: str, env: str) -> str:
+    """``text`` (a tool's or virtlab's message) with the environment's quoted name as :data:`ENV`."""
+    return text.replace(repr(env), ENV).replace(f'"{env}"', ENV)
+
+
+def failure_cause(error: str, log: str | None) -> str:
+    """A failure's error, with the last line the command wrote to stderr when the error is only an
+    exit status (``CommandResult.log`` puts stderr under ``--- stderr ---``)."""
+    if not _EXIT_STATUS.fullmatch(error.strip()) or not log or _STDERR not in log:
+        return error
+    stderr = log.split(_STDERR, 1)[1].split(_STDOUT, 1)[0]
+    last = next((ln.strip() for ln in reversed(stderr.splitlines()) if ln.strip()), "")
+    return f"{error}: {_first_line(last)}" if last else error
 
 
 class _Context:
@@ -415,31 +551,37 @@ class _Context:
         self.cells = cell_index(results)
         self.env_info = {str(e.get("name")): e for e in results.get("environments") or []}
         self.failures = list(results.get("failures") or [])
+        self.reasons = _Reasons(list(dict.fromkeys(row.workload for row in self.rows)))
 
     def cell(self, env: str, row: Row) -> Mapping[str, Any] | None:
         if row.metric is None:
             return None
         return self.cells.get((env, row.workload, row.metric))
 
-    def why_missing(self, env: str, row: Row) -> str:
+    def why_missing(self, env: str, row: Row) -> Absence:
+        return Absence(self._cause(env, row), row.workload, env)
+
+    def _cause(self, env: str, row: Row) -> str:
         info = self.env_info.get(env)
         if info is not None and info.get("status") == "failed":
             error = _first_line(info.get("error"))
-            return f"environment {env} failed" + (f": {error}" if error else "")
+            return f"environment {ENV} failed" + (f": {_named(error, env)}" if error else "")
         if info is None and env not in {c[0] for c in self.cells}:
-            return f"environment {env} is not part of this study"
+            return f"environment {ENV} is not part of this study"
         for failure in self.failures:
             if failure.get("environment") == env and failure.get("workload") in (None, row.workload):
-                error = _first_line(failure.get("error"))
+                error = _named(
+                    _first_line(failure_cause(str(failure.get("error") or ""), failure.get("log"))), env
+                )
                 if failure.get("phase") == "unavailable" and error:  # no fault: what the software lacks
-                    return f"{row.workload} in {env}: {error}"
-                return f"{row.workload} failed in {env}" + (f": {error}" if error else "")
+                    return error
+                return "failed" + (f": {error}" if error else "")
         cell = self.cell(env, row)
         if cell is not None:
-            return f"no trials of {row.workload} in {env}"
+            return "no trials"
         if self.study.get("status") in ("running", "interrupted"):
-            return f"{row.workload} has not run in {env} yet (study {self.study.get('status')})"
-        return f"no result for {row.workload} in {env}"
+            return f"not run yet (study {self.study.get('status')})"
+        return "no result"
 
     def value(self, env: str, row: Row) -> float | None:
         return cell_value(self.cell(env, row), self.reduction)
@@ -452,18 +594,19 @@ class _Context:
             if not any((self.cell(env, row) or {}).get("kind") == "environment" for env in self.envs)
         ]
 
-    def overhead(self, env: str, row: Row) -> tuple[float | None, str | None]:
-        """(overhead, None) or (None, reason it cannot be given)."""
+    def overhead(self, env: str, row: Row) -> float | Absence:
+        """The overhead, or why it cannot be given: the environment's or the baseline's figure is
+        missing, or the baseline's is 0."""
         cell = self.cell(env, row)
         base = self.cell(self.baseline, row)
         if cell is None or cell_value(cell, self.reduction) is None:
-            return None, self.why_missing(env, row)
+            return self.why_missing(env, row)
         if base is None or cell_value(base, self.reduction) is None:
-            return None, f"baseline {self.baseline}: {self.why_missing(self.baseline, row)}"
+            return self.why_missing(self.baseline, row)
         overhead = cell_overhead(cell, base, self.reduction)
         if overhead is None:
-            return None, f"baseline {self.baseline} is 0"
-        return overhead, None
+            return Absence(f"{ENV}'s figure is 0: no overhead against it", row.workload, self.baseline)
+        return overhead
 
 
 # --------------------------------------------------------------------------
@@ -471,12 +614,17 @@ class _Context:
 # --------------------------------------------------------------------------
 
 
+def _half(cell: Mapping[str, Any], ctx: _Context) -> float | None:
+    """The half-width of a cell's 95% CI, None without one."""
+    ci = cell_ci(cell, ctx.reduction)
+    return (ci[1] - ci[0]) / 2 if ci else None
+
+
 def _reduction_text(ctx: _Context) -> str:
     return REDUCTION_WORDS.get(ctx.reduction, ctx.reduction)
 
 
 def results_table(ctx: _Context) -> Table:
-    notes = _Notes()
     rows = []
     for row in ctx.rows:
         cells = [Cell(row.label, "label")]
@@ -484,11 +632,9 @@ def results_table(ctx: _Context) -> Table:
             cell = ctx.cell(env, row)
             value = cell_value(cell, ctx.reduction)
             if cell is None or value is None:
-                cells.append(notes.missing(ctx.why_missing(env, row)))
+                cells.append(ctx.reasons.missing(ctx.why_missing(env, row)))
                 continue
-            ci = cell_ci(cell, ctx.reduction)
-            half = (ci[1] - ci[0]) / 2 if ci else None
-            cells.append(Cell(format_value(value, half), "num"))
+            cells.append(Cell(format_value(value, _half(cell, ctx)), "num"))
         rows.append(tuple(cells))
     trials = ctx.study.get("trials")
     of = f" of {trials} trials" if trials else ""
@@ -499,7 +645,6 @@ def results_table(ctx: _Context) -> Table:
         rows=tuple(rows),
         caption=f"{_reduction_text(ctx).capitalize()}{of} \u00b1 half-width of the 95% "
         "confidence interval of the mean.",
-        notes=tuple(notes.texts),
     )
 
 
@@ -508,14 +653,13 @@ def _only_baseline_caption(ctx: _Context) -> str:
 
 
 def overhead_table(ctx: _Context) -> Table:
-    notes = _Notes()
     rows = []
     for row in ctx.judged_rows() if ctx.others else ():
         cells = [Cell(row.label, "label")]
         for env in ctx.others:
-            overhead, reason = ctx.overhead(env, row)
-            if overhead is None:
-                cells.append(notes.missing(reason or "unknown"))
+            overhead = ctx.overhead(env, row)
+            if isinstance(overhead, Absence):
+                cells.append(ctx.reasons.missing(overhead))
             else:
                 cells.append(Cell(format_pct(overhead), "num"))
         rows.append(tuple(cells))
@@ -528,22 +672,20 @@ def overhead_table(ctx: _Context) -> Table:
         f"better than {ctx.baseline}, for either direction of the metric."
         if ctx.others
         else _only_baseline_caption(ctx),
-        notes=tuple(notes.texts),
     )
 
 
 def verdict_table(ctx: _Context) -> Table:
-    notes = _Notes()
     rows = []
     threshold = ctx.threshold
     for row in ctx.judged_rows() if ctx.others else ():
         cells = [Cell(row.label, "label")]
         for env in ctx.others:
-            overhead, reason = ctx.overhead(env, row)
+            overhead = ctx.overhead(env, row)
             cell = ctx.cell(env, row)
             mark = cell.get("verdict") if cell is not None else None
-            if overhead is None:
-                cells.append(notes.missing(reason or "unknown"))
+            if isinstance(overhead, Absence):
+                cells.append(ctx.reasons.missing(overhead))
                 continue
             if mark not in (stats.MARK_OK, stats.MARK_BAD):
                 mark = stats.verdict(overhead, threshold)
@@ -559,7 +701,6 @@ def verdict_table(ctx: _Context) -> Table:
         f"{pct}% or more away in either direction (seed 000, Table 15)."
         if ctx.others
         else _only_baseline_caption(ctx),
-        notes=tuple(notes.texts),
     )
 
 
@@ -567,7 +708,6 @@ def trials_table(ctx: _Context) -> Table:
     """Every raw trial: a row per (metric, environment), a column per trial."""
     # at least one trial column, where "not measured" goes when nothing was
     width = max((len(c.get("trials") or []) for c in ctx.cells.values()), default=0) or 1
-    notes = _Notes()
     rows = []
     for row in ctx.rows:
         for env in ctx.envs:
@@ -575,18 +715,18 @@ def trials_table(ctx: _Context) -> Table:
             label = (Cell(row.label, "label"), Cell(env, "text"))
             trials = list(cell.get("trials") or []) if cell is not None else []
             if not trials:
-                missing = notes.missing(ctx.why_missing(env, row))
+                missing = ctx.reasons.missing(ctx.why_missing(env, row))
                 rows.append((*label, missing, *[Cell("", "text")] * (width - 1)))
                 continue
             kept = cell_kept(cell, ctx.reduction)
             outliers = cell_outliers(cell, ctx.reduction)
-            decimals = decimals_for(trials)
+            value, half = cell_value(cell, ctx.reduction), _half(cell, ctx)
             values = []
             for i in range(width):
                 if i >= len(trials):
                     values.append(Cell("", "text"))
                     continue
-                text = _fixed(float(trials[i]), decimals) if _finite(trials[i]) else str(trials[i])
+                text = format_trial(float(trials[i]), value, half) if _finite(trials[i]) else str(trials[i])
                 values.append(
                     Cell(text, "num", dropped=not kept[i], outlier=i in outliers),
                 )
@@ -596,8 +736,8 @@ def trials_table(ctx: _Context) -> Table:
         title="Trials",
         header=("workload \u00b7 metric", "environment", *(str(i + 1) for i in range(width))),
         rows=tuple(rows),
-        caption="Every trial in the order it was measured; warm-up runs are not counted.",
-        notes=tuple(notes.texts),
+        caption="Every trial in the order it was measured, rounded like its cell's figure; warm-up "
+        "runs are not counted.",
         group_column=0,
     )
 
@@ -736,19 +876,42 @@ def log_excerpt(log: str | None) -> tuple[str, bool]:
 
 
 def failures(ctx: _Context) -> tuple[Failure, ...]:
-    out = []
+    """The failures with their logs. What was unavailable (no fault: what the host lacks) is said in
+    "Not measured here": such a failure is shown only for its log, once per environment and log."""
+    out: list[Failure] = []
+    shown: dict[tuple[str, str, str], int] = {}
     for f in ctx.failures:
+        env = str(f.get("environment") or "?")
+        error = str(f.get("error") or "")
         log, truncated = log_excerpt(f.get("log"))
+        workload = str(f["workload"]) if f.get("workload") else None
         trial = f.get("trial")
+        reason = None
+        if f.get("phase") == "unavailable":
+            reason = ctx.reasons.mark_of(_named(_first_line(failure_cause(error, f.get("log"))), env))
+        if reason is not None:
+            if not log:
+                continue
+            key = (env, reason, log)
+            if key in shown:  # the same log for another workload: named in the one entry
+                same = out[shown[key]]
+                out[shown[key]] = replace(
+                    same, workload=f"{same.workload}, {workload}" if workload else same.workload
+                )
+                continue
+            shown[key] = len(out)
         out.append(
             Failure(
-                environment=str(f.get("environment") or "?"),
-                workload=str(f["workload"]) if f.get("workload") else None,
-                trial=trial if isinstance(trial, int) and not isinstance(trial, bool) else None,
+                environment=env,
+                workload=workload,
+                trial=trial
+                if isinstance(trial, int) and not isinstance(trial, bool) and not reason
+                else None,
                 phase=str(f.get("phase") or ""),
-                error=str(f.get("error") or ""),
+                error=error,
                 log=log,
                 log_truncated=truncated,
+                reason=reason,
             )
         )
     return tuple(out)
@@ -785,16 +948,23 @@ def _facts(ctx: _Context) -> tuple[tuple[str, str], ...]:
 
 def build_report(results: Mapping[str, Any]) -> Report:
     """All tables and texts of the report of ``results`` (version 1)."""
+    from virtlab.export.iotables import io_tables_of  # built on this module's tables
+
     ctx = _Context(results)
     name = str(ctx.study.get("name") or "unnamed")
+    # in the order the report shows them, so that the reasons' marks run a, b, c down the page
+    results_, overhead, verdict = results_table(ctx), overhead_table(ctx), verdict_table(ctx)
+    io, trials = tuple(io_tables_of(ctx)), trials_table(ctx)
     return Report(
         title=f"virtlab study: {name}",
         study_line=_study_line(ctx),
         facts=_facts(ctx),
-        results=results_table(ctx),
-        overhead=overhead_table(ctx),
-        verdict=verdict_table(ctx),
-        trials=trials_table(ctx),
+        results=results_,
+        overhead=overhead,
+        verdict=verdict,
+        io_tables=io,
+        not_measured=ctx.reasons.entries(),
+        trials=trials,
         failures=failures(ctx),
         environments=environments_table(ctx),
         differences=differences_table(ctx),
