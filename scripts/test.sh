@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set everything up (idempotent) and run the test suite.
+# Set everything up (idempotent) and run the test suite: one worker per core (pytest-xdist), each
+# test module on one worker (--dist loadfile), so that a module's booted guests stay shared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q -n auto --dist loadfile "$@"

@@ -4,6 +4,7 @@ that fills up mid-study, a results directory on a read-only file system. Each ru
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sqlite3
@@ -11,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import marks
+from virtlab.errors import MachineFault, machine_fault_cause
 from virtlab_cli import CLI, cli_env, virtlab
 
 NOOP_PLAN = """
@@ -95,3 +97,54 @@ def test_a_results_directory_on_a_read_only_file_system_is_refused_before_the_st
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "Traceback" not in ran.stderr
     assert "the file system is read-only" in ran.stderr and "the study did not start" in ran.stderr
+
+
+def test_what_counts_as_a_fault_of_the_machine_on_fixed_errors():
+    assert machine_fault_cause(OSError(errno.ENOSPC, "No space left on device")) == (
+        "no space left on the device (the disk is full)"
+    )
+    assert machine_fault_cause(OSError(errno.EROFS, "Read-only file system", "/r/out")) == (
+        "the file system is read-only (/r/out)"
+    )
+    assert machine_fault_cause(OSError(errno.EDQUOT, "Disk quota exceeded")) == "the disk quota is exhausted"
+    assert (
+        machine_fault_cause(PermissionError(errno.EACCES, "Permission denied", "/x"))
+        == "permission denied (/x)"
+    )
+    assert machine_fault_cause(OSError(errno.EPERM, "no")) == "permission denied (operation not permitted)"
+    assert machine_fault_cause(sqlite3.OperationalError("database or disk is full")) == (
+        "no space left on the device (the disk is full)"
+    )
+    assert "read-only" in machine_fault_cause(
+        sqlite3.OperationalError("attempt to write a readonly database")
+    )
+    assert "cannot be opened" in machine_fault_cause(sqlite3.OperationalError("unable to open database file"))
+    assert "I/O error" in machine_fault_cause(sqlite3.OperationalError("disk I/O error"))
+    assert machine_fault_cause(MemoryError()) == "out of memory"
+    # Not the machine's: a bug or bad input is never dressed up as a fault.
+    assert machine_fault_cause(OSError(errno.ENOENT, "No such file")) is None
+    assert machine_fault_cause(sqlite3.IntegrityError("UNIQUE constraint failed")) is None
+    assert machine_fault_cause(ValueError("no")) is None
+
+
+def test_a_fault_says_how_many_trials_are_kept_and_how_to_go_on():
+    full = MachineFault("out", "no space left on the device (the disk is full)", 26, started=True)
+    assert full.exit_code == 1
+    assert full.message() == (
+        "out: no space left on the device (the disk is full); the study stopped, 26 finished trial(s) kept "
+        "in results.sqlite\n  fix: make room on that file system (or give --out on another), then continue "
+        "it: virtlab run PLAN --out out --resume"
+    )
+    unknown = MachineFault("out", "the disk quota is exhausted", None, started=True)
+    assert "the finished trials kept" in unknown.message() and "make room" in unknown.message()
+    never = MachineFault("ro/out", "the file system is read-only (ro/out)", 0, started=False)
+    assert never.exit_code == 2
+    assert never.message() == (
+        "ro/out: the file system is read-only (ro/out); the study did not start\n"
+        "  fix: make the directory writable for this user (or give --out elsewhere), then run the same "
+        "command again"
+    )
+    assert MachineFault("d", "out of memory", 3, True).fix() == "give the machine what it lacks"
+    assert str(full) == full.message()
+    for cause in ("permission denied (/x)", "the results database cannot be opened (permission denied?)"):
+        assert "make the directory writable" in MachineFault("d", cause, 1, True).fix()

@@ -40,6 +40,7 @@ def test_progress_line_on_fixed_figures():
         "[2/8] done pi @ vm · trial 2 of 4 · elapsed 1:00 · eta 3:00"
     )
     assert progress_line(8, 8, "x", 90.0, "done").endswith("eta 0:00")
+    assert progress_line(1, 4, "x", 10.0, "done").endswith("eta 0:30")  # one run done is enough
 
 
 def test_a_log_gets_a_line_per_run_and_a_heartbeat_while_one_runs():

@@ -49,9 +49,9 @@ class MachineFault(Exception):
         )
 
     def fix(self) -> str:
-        if "space" in self.cause or "full" in self.cause or "quota" in self.cause:
+        if any(word in self.cause for word in ("full", "quota")):
             return "make room on that file system (or give --out on another)"
-        if "read-only" in self.cause or "permission" in self.cause:
+        if any(word in self.cause for word in ("read-only", "permission")):
             return "make the directory writable for this user (or give --out elsewhere)"
         return "give the machine what it lacks"
 
