@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -220,7 +221,7 @@ def test_a_native_command_runs_pinned_and_in_its_cgroup(tmp_path):
     assert settled, "no look at a trial's process after its controls landed"
     for look in settled:
         assert {cpus for _, cpus in look.threads.values()} == {(PIN,)}, look
-        assert look.cpu_cgroup is not None and look.cpu_cgroup.endswith("/virtlab/env.commands"), look
+        assert re.search(r"/virtlab/env-\d+\.commands$", look.cpu_cgroup or ""), look
     assert control["scope"] == "commands" and control["processes"] == 2
     assert control["first"]["pinned"] == {str(control["first"]["pid"]): str(PIN)}
     assert control["first"]["memory"]["node"] == 0 and control["first"]["memory"]["method"]
@@ -232,7 +233,8 @@ def test_a_native_command_runs_pinned_and_in_its_cgroup(tmp_path):
     from virtlab.control.priority import find_cpu_cgroup
 
     mount = find_cpu_cgroup()
-    assert mount is not None and not (mount.path / "virtlab" / "env.commands").exists()
+    assert mount is not None and not any((mount.path / "virtlab").glob("env-*.commands"))
+    assert re.fullmatch(r"virtlab/env-\d+\.commands", control["cgroup"])
 
 
 @needs_runc

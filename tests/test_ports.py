@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.ports import PortsBusy, lease_slots
 from virtlab.runner import measure_peers
 from virtlab.workloads import WORKLOADS
+from virtlab_cli import CLI, cli_env
 
 
 def free_port() -> int:
@@ -90,3 +92,51 @@ def test_two_trials_at_once_over_loopback_each_get_their_own_server(tmp_path, ke
         native.teardown()
     for samples in results:
         assert any(s.metric == "throughput_mbps" and s.value > 0 for s in samples)
+
+
+SIDE_BY_SIDE_PLAN = """
+[study]
+name = "side-by-side"
+trials = 3
+warmups = 0
+
+[[environment]]
+name = "native"
+kind = "native"
+
+[[environment]]
+name = "ct"
+kind = "container"
+
+[[workload]]
+name = "iperf3"
+kind = "iperf3"
+duration_s = 2
+"""
+
+
+@marks.needs_runc
+@marks.needs_tools("iperf3")
+def test_two_studies_of_one_plan_side_by_side_both_complete(tmp_path, guest_image):
+    """The same plan in two results directories at once (issue 19 saw "the server is busy")."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(SIDE_BY_SIDE_PLAN)
+    studies = [
+        subprocess.Popen(
+            [*CLI, "run", str(plan), "--out", str(tmp_path / f"out{i}"), "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    ended = [study.communicate(timeout=600) for study in studies]
+    for study, (_, stderr) in zip(studies, ended, strict=True):
+        assert study.returncode == 0, stderr
+    for i in range(2):
+        cells = json.loads((tmp_path / f"out{i}" / "results.json").read_text())["cells"]
+        assert {c["environment"]: len(c["trials"]) for c in cells if c["workload"] == "iperf3"} == {
+            "native": 3,
+            "ct": 3,
+        }

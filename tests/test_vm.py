@@ -463,7 +463,19 @@ def test_cleanup_kills_vms_whose_owner_died_and_spares_the_others(tmp_path):
         assert orphan.wait(timeout=5) == -signal.SIGKILL
         assert owned.poll() is None and not disk.exists()
         assert [p.name for p in records.iterdir()] == [f"{owned.pid}.json"]
-        # A QEMU still running in a workdir about to be reused is a leftover, whoever owns it.
+        # Another live process's VM is never touched, even in the workdir about to be reused.
+        other_owner = subprocess.Popen(["sleep", "60"])
+        mine = json.loads((records / f"{owned.pid}.json").read_text())
+        theirs = {**mine, "owner_pid": other_owner.pid, "owner_start": start_ticks(other_owner.pid)}
+        (records / f"{owned.pid}.json").write_text(json.dumps(theirs))
+        try:
+            assert cleanup_leftovers(owned_dir, run_dir=records) == []
+            assert owned.poll() is None
+        finally:
+            other_owner.kill()
+            other_owner.wait()
+        # A QEMU of this process's still running in a workdir about to be reused is a leftover.
+        (records / f"{owned.pid}.json").write_text(json.dumps(mine))
         assert cleanup_leftovers(owned_dir, run_dir=records) == [owned.pid]
         assert owned.wait(timeout=5) == -signal.SIGKILL
     finally:

@@ -230,6 +230,22 @@ class SshTestHost:
             ]
         )
 
+    def stop_sshd(self) -> None:
+        """sshd and every session it serves end (a host whose sshd went away); the host stays."""
+        holder = self.holder.pid if self.holder is not None else None
+        for pid in self.processes():
+            if pid != holder:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self.sshd is not None:
+            self.sshd.wait()
+
+    def start_sshd(self) -> None:
+        """sshd again, after ``stop_sshd``."""
+        self._start_sshd()
+
     def _start_sshd(self) -> None:
         config = self._path("sshd_config")
         config.write_text(self._sshd_config())

@@ -12,7 +12,7 @@ What it acts on follows the environment's ``host_scope``:
   container has a cpu cgroup of its own and nice only orders the threads inside one group, so it
   cannot favour a container against anything outside it (use ``cpu_shares``/``cpu_weight``).
 - ``"commands"`` (native): each command's process, the moment it starts: it joins one cgroup
-  ``virtlab/<name>.commands`` holding the weight and quota, then gets the nice (with its
+  ``virtlab/<name>-<pid>.commands`` holding the weight and quota, then gets the nice (with its
   session's autogroup: a native command has a session of its own), the pinning of every thread
   and its memory moved. Nothing is put in front of the command: the controls land on the started
   process, so it runs its first instructions (the time ``apply_ms`` records, well under a
@@ -24,6 +24,7 @@ What it acts on follows the environment's ``host_scope``:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -284,12 +285,17 @@ class CommandControls(EnvironmentControls):
         if self.spec.needs_cgroup:
             self._cgroup()  # made once, before the first command
 
+    @property
+    def cgroup_name(self) -> str:
+        """The commands' cgroup: the run's PID in it, so that studies side by side never share one."""
+        return f"{self.name}-{os.getpid()}.commands"
+
     def _cgroup(self) -> CpuCgroup:
         if self._group is None:
             mount = find_cpu_cgroup()
             if mount is None:
                 raise ControlError("no cpu cgroup controller is mounted")
-            group = CpuCgroup(f"{self.name}.commands", mount)
+            group = CpuCgroup(self.cgroup_name, mount)
             group.create(
                 weight=self.spec.cpu_weight, shares=self.spec.cpu_shares, quota_pct=self.spec.cpu_quota_pct
             )
@@ -326,7 +332,7 @@ class CommandControls(EnvironmentControls):
             ordered = sorted(self.apply_ms)
             out["apply_ms"] = {"median": round(ordered[len(ordered) // 2], 3), "max": round(ordered[-1], 3)}
         if self.spec.needs_cgroup:
-            out["cgroup"] = f"virtlab/{self.name}.commands"
+            out["cgroup"] = f"virtlab/{self.cgroup_name}"
         if self.first is not None:
             out["first"] = self.first.to_dict()
         if self.errors:

@@ -368,9 +368,11 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
 
     A VM's record (``<run_dir>/<qemu pid>.json``) names its QEMU process and its owner, each by
     pid and start time, so a recycled pid is never taken for either. With ``workdir``, a QEMU
-    still running on that workdir's disk (its ``qemu.pid``) is a leftover too, whoever started it.
+    still running on that workdir's disk (its ``qemu.pid``) is a leftover too, if this process
+    started it or nobody alive owns it: another live run's VM is never touched.
     """
     killed: list[int] = []
+    others: set[int] = set()  # QEMUs of other live processes
     records = _run_dir() if run_dir is None else run_dir
     for path in sorted(records.glob("*.json")) if records.is_dir() else []:
         try:
@@ -378,8 +380,12 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
         except (OSError, ValueError):
             continue
         same_workdir = workdir is not None and Path(record.get("workdir", "")) == Path(workdir).resolve()
-        if _alive(record.get("owner_pid"), record.get("owner_start")) and not same_workdir:
-            continue  # a VM of a running study
+        if _alive(record.get("owner_pid"), record.get("owner_start")):
+            if record.get("owner_pid") != os.getpid():
+                others.add(record["qemu_pid"])
+                continue  # a VM of another running study, even on this workdir
+            if not same_workdir:
+                continue  # one of this process's VMs, elsewhere
         if _is_qemu(record["qemu_pid"]) and _kill(record["qemu_pid"], record.get("qemu_start")):
             killed.append(record["qemu_pid"])
         if record.get("disk"):
@@ -389,7 +395,7 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
         path.unlink(missing_ok=True)
     if workdir is not None:
         pid = _qemu_of_pidfile(Path(workdir))
-        if pid is not None and _kill(pid, _start_ticks(pid)):
+        if pid is not None and pid not in others and _kill(pid, _start_ticks(pid)):
             killed.append(pid)
     return killed
 
