@@ -71,6 +71,10 @@ _SQLITE_CAUSES = (
 )
 
 
+MACHINE_ERRORS = (OSError, MemoryError, sqlite3.Error)
+"""What a fault of the machine raises; ``machine_fault_cause`` tells which of these are one."""
+
+
 def machine_fault_cause(error: BaseException) -> str | None:
     """What of the machine ``error`` says went wrong, or None when it is not such a fault (a bug,
     bad input): then it is not dressed up as one."""

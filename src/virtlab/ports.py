@@ -35,6 +35,11 @@ class Lease:
     def ports(self) -> list[int]:
         return sorted(self._held)
 
+    @classmethod
+    def joined(cls, leases: list[Lease]) -> Lease:
+        """One lease of every port the ``leases`` hold."""
+        return cls({port: fd for lease in leases for port, fd in lease._held.items()})
+
     def release(self) -> None:
         for fd in self._held.values():
             os.close(fd)
@@ -95,4 +100,4 @@ def lease_slots(
             f"only {len(slots)} of the {count} server slot(s) needed have free ports on this host "
             f"(other studies or programs hold the rest of the {limit})"
         )
-    return slots, Lease({port: fd for lease in leases for port, fd in lease._held.items()})
+    return slots, Lease.joined(leases)

@@ -16,7 +16,6 @@ import datetime as dt
 import posixpath
 import shutil
 import signal
-import sqlite3
 import tempfile
 import time
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from virtlab.control import ControlError, validate_against_host
 from virtlab.control.environment import EnvironmentControls, controls_for
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
-from virtlab.errors import InputError, MachineFault, machine_fault_cause
+from virtlab.errors import MACHINE_ERRORS, InputError, MachineFault, machine_fault_cause
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
@@ -147,8 +146,13 @@ def _space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> 
         return [f"{where}: directory {directory!r}: {error.strerror}"]
     if free_mb is None or free_mb >= needed:
         return []
-    room = " (a VM: set disk_size_mb, the guest's disk)" if env.kind in ("vm", "libvirt") else ""
-    return [f"{where}: needs {needed} MiB free in {directory!r}, which has {free_mb} MiB{room}"]
+    return [_no_room(where, env.kind, needed, directory, free_mb)]
+
+
+def _no_room(where: str, kind: str, needed: int, directory: str, free_mb: int) -> str:
+    """The refusal of a file that does not fit: the figures, and for a VM the key that gives room."""
+    room = " (a VM: set disk_size_mb, the guest's disk)" if kind in ("vm", "libvirt") else ""
+    return f"{where}: needs {needed} MiB free in {directory!r}, which has {free_mb} MiB{room}"
 
 
 def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
@@ -257,7 +261,7 @@ class StudyRunner:
             self.outcome.interrupted = True
             self.store.put("status", "interrupted")
             self.progress.note("interrupted: every finished trial is stored; continue with --resume")
-        except (OSError, MemoryError, sqlite3.Error) as error:
+        except MACHINE_ERRORS as error:
             faulted = machine_fault_cause(error) is not None
             raise
         finally:
@@ -268,7 +272,7 @@ class StudyRunner:
                 self._store_usage(final=True)
                 if not refused:
                     self._finish_study()
-            except (OSError, MemoryError, sqlite3.Error) as late:
+            except MACHINE_ERRORS as late:
                 # A full disk fails these too: the fault already on its way is the one to report.
                 if not (faulted and machine_fault_cause(late) is not None):
                     raise
@@ -463,15 +467,8 @@ class StudyRunner:
             free = self.environments[env_name].free_space_now_mb(directory)
             if free is not None and free < needed:
                 kind = next(env.kind for env in self.plan.environments if env.name == env_name)
-                room = (
-                    " (a VM: raise disk_size_mb, the size of the guest's disk)"
-                    if kind in ("vm", "libvirt")
-                    else ""
-                )
-                problems.append(
-                    f"environment {env_name!r}, workload {workload_name!r}: needs {needed} MiB free in "
-                    f"{directory!r}, which has {free} MiB{room}"
-                )
+                where = f"environment {env_name!r}, workload {workload_name!r}"
+                problems.append(_no_room(where, kind, needed, directory, free))
         if problems:
             more = f" (and {len(problems) - 1} more cells)" if len(problems) > 1 else ""
             raise InputError(
@@ -635,7 +632,7 @@ def run_study(
             return _run_locked(
                 plan, out_dir, resume, progress or SilentProgress(), scenario, kernels, created
             )
-    except (OSError, MemoryError, sqlite3.Error) as error:
+    except MACHINE_ERRORS as error:
         cause = machine_fault_cause(error)
         if cause is None:
             raise
