@@ -40,17 +40,17 @@ from virtlab.export.tables import (
 
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04")
 BASELINE_COLOUR = "#6b7280"
-_TEXT = "#1f2937"
-_GRID = "#e5e7eb"
+TEXT_COLOUR = "#1f2937"
+GRID_COLOUR = "#e5e7eb"
 
-_RC = {
+RC_PARAMS = {
     "svg.fonttype": "none",  # real text: selectable, any script the browser can draw
     "font.family": "sans-serif",
     "font.size": 9,
     "axes.edgecolor": "#9ca3af",
-    "axes.labelcolor": _TEXT,
-    "xtick.color": _TEXT,
-    "ytick.color": _TEXT,
+    "axes.labelcolor": TEXT_COLOUR,
+    "xtick.color": TEXT_COLOUR,
+    "ytick.color": TEXT_COLOUR,
     "axes.spines.top": False,
     "axes.spines.right": False,
 }
@@ -71,7 +71,7 @@ def plain(text: str) -> str:
     return " ".join(str(text).split()).replace("$", r"\$")
 
 
-def _tick(value: float, _pos: int | None = None) -> str:
+def tick_label(value: float, _pos: int | None = None) -> str:
     """Axis numbers short enough to read: 6000, 250k, 1.2M."""
     magnitude = abs(value)
     if magnitude >= 1e6:
@@ -97,10 +97,10 @@ _ID = re.compile(r'(\sid)="')
 _REF = re.compile(r'(url\(|xlink:href="|\shref=")#')
 
 
-def _to_svg(fig: Figure, salt: str) -> str:
+def to_svg(fig: Figure, salt: str) -> str:
     """The figure as an ``<svg>`` element ready to be inlined in HTML."""
     buffer = io.StringIO()
-    with matplotlib.rc_context({**_RC, "svg.hashsalt": salt}):
+    with matplotlib.rc_context({**RC_PARAMS, "svg.hashsalt": salt}):
         FigureCanvasSVG(fig).print_svg(buffer, metadata={"Date": None, "Creator": None})
     svg = _XML_PROLOGUE.sub("", buffer.getvalue(), count=1)
     svg = _METADATA.sub("", svg, count=1)
@@ -115,8 +115,8 @@ def _to_svg(fig: Figure, salt: str) -> str:
     return svg.replace("<svg ", '<svg class="chart" role="img" ', 1)
 
 
-def _figure(width: float, height: float) -> Figure:
-    with matplotlib.rc_context(_RC):
+def new_figure(width: float, height: float) -> Figure:
+    with matplotlib.rc_context(RC_PARAMS):
         return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -128,10 +128,10 @@ def bar_chart(
 ) -> Chart:
     """Bars of one metric across environments, whiskers at the 95% CI of the mean."""
     title = f"{row.workload} \u00b7 {row.metric}"
-    with matplotlib.rc_context(_RC):
-        fig = _figure(4.0, 2.9)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(4.0, 2.9)
         ax = fig.add_subplot()
-        ax.set_title(plain(title), loc="left", fontsize=10, color=_TEXT)
+        ax.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
         labels = [plain(env) for env, _ in cells]
         positions = range(len(cells))
         top = 0.0
@@ -145,7 +145,7 @@ def bar_chart(
                 err = [[max(0.0, value - ci[0])], [max(0.0, ci[1] - value)]]
             ax.bar(x, value, width=0.62, color=colours.get(env, PALETTE[0]), zorder=2)
             if err is not None:
-                ax.errorbar(x, value, yerr=err, fmt="none", ecolor=_TEXT, capsize=4, lw=1, zorder=3)
+                ax.errorbar(x, value, yerr=err, fmt="none", ecolor=TEXT_COLOUR, capsize=4, lw=1, zorder=3)
             high = value + (err[1][0] if err else 0.0)
             top = max(top, high)
         for x, (_env, cell) in zip(positions, cells, strict=True):
@@ -163,16 +163,16 @@ def bar_chart(
                     ha="center",
                     va="bottom",
                     fontsize=8,
-                    color=_TEXT,
+                    color=TEXT_COLOUR,
                 )
         ax.set_xticks(list(positions), labels)
         ax.set_xlim(-0.6, len(cells) - 0.4)
         ax.set_ylim(0, (top or 1.0) * 1.15)
         unit = f"{row.unit} " if row.unit else ""
         ax.set_ylabel(plain(f"{unit}({ARROW.get(row.better, '')} {BETTER_WORDS.get(row.better, '')})"))
-        ax.yaxis.grid(True, color=_GRID, zorder=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(_tick))
-        return Chart(key=key, title=title, kind="bar", svg=_to_svg(fig, key))
+        ax.yaxis.grid(True, color=GRID_COLOUR, zorder=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
+        return Chart(key=key, title=title, kind="bar", svg=to_svg(fig, key))
 
 
 def series_chart(
@@ -187,10 +187,10 @@ def series_chart(
     if not per_env:
         return None
     title = f"{row.workload} \u00b7 {row.metric} over time"
-    with matplotlib.rc_context(_RC):
-        fig = _figure(11.0, 3.3)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(11.0, 3.3)
         ax = fig.add_subplot()
-        ax.set_title(plain(title), loc="left", fontsize=10, color=_TEXT)
+        ax.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
         for env, trials in per_env:
             length = min(len(t) for t in trials)
             seconds = list(range(1, length + 1))
@@ -208,10 +208,10 @@ def series_chart(
         unit = row.unit or "value"
         ax.set_ylabel(plain(f"{unit} ({ARROW.get(row.better, '')})"))
         ax.set_ylim(bottom=0)
-        ax.yaxis.grid(True, color=_GRID)
-        ax.yaxis.set_major_formatter(FuncFormatter(_tick))
+        ax.yaxis.grid(True, color=GRID_COLOUR)
+        ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
         ax.legend(frameon=False, loc="lower right")
-        return Chart(key=key, title=title, kind="series", svg=_to_svg(fig, key))
+        return Chart(key=key, title=title, kind="series", svg=to_svg(fig, key))
 
 
 def render_charts(results: Mapping[str, Any]) -> tuple[list[Chart], list[Chart]]:

@@ -18,7 +18,7 @@ from typing import Any
 import matplotlib
 
 from virtlab import consolidation, stats
-from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg
+from virtlab.export.charts import GRID_COLOUR, PALETTE, RC_PARAMS, TEXT_COLOUR, Chart, new_figure, to_svg
 from virtlab.export.scenario_report import (
     ScenarioReport,
     render_html,
@@ -305,10 +305,10 @@ def total_chart(section: Mapping[str, Any]) -> Chart:
     """Total score against the tile count (mean, 95% CI whiskers), the knee marked."""
     title = "Total score per tile count"
     counts = [c for c in section["tile_counts"] if c["total"] is not None]
-    with matplotlib.rc_context(_RC):
-        fig = _figure(5.0, 3.2)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(5.0, 3.2)
         ax = fig.add_subplot()
-        ax.set_title(title, loc="left", fontsize=10, color=_TEXT)
+        ax.set_title(title, loc="left", fontsize=10, color=TEXT_COLOUR)
         if counts:
             xs = [c["tiles"] for c in counts]
             ys = [c["total"] for c in counts]
@@ -325,17 +325,17 @@ def total_chart(section: Mapping[str, Any]) -> Chart:
         ax.set_xlabel("tiles")
         ax.set_ylabel("total score (tiles at reference speed)")
         ax.set_xticks([c["tiles"] for c in section["tile_counts"]])
-        ax.grid(True, color=_GRID)
-        return Chart("consolidation-total", title, "series", _to_svg(fig, "consolidation-total"))
+        ax.grid(True, color=GRID_COLOUR)
+        return Chart("consolidation-total", title, "series", to_svg(fig, "consolidation-total"))
 
 
 def workload_chart(section: Mapping[str, Any]) -> Chart:
     """Each workload's mean score (over its instances and runs) against the tile count."""
     title = "Mean score per workload"
-    with matplotlib.rc_context(_RC):
-        fig = _figure(5.0, 3.2)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(5.0, 3.2)
         ax = fig.add_subplot()
-        ax.set_title(title, loc="left", fontsize=10, color=_TEXT)
+        ax.set_title(title, loc="left", fontsize=10, color=TEXT_COLOUR)
         for colour, role in zip(PALETTE, SCORED, strict=False):
             points = [(c["tiles"], c["mean_scores"][role]) for c in section["tile_counts"]]
             points = [(x, y) for x, y in points if y is not None]
@@ -345,10 +345,10 @@ def workload_chart(section: Mapping[str, Any]) -> Chart:
         ax.set_xlabel("tiles")
         ax.set_ylabel("score (1.0 = as alone)")
         ax.set_xticks([c["tiles"] for c in section["tile_counts"]])
-        ax.grid(True, color=_GRID)
+        ax.grid(True, color=GRID_COLOUR)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, frameon=False)
-        return Chart("consolidation-workloads", title, "series", _to_svg(fig, "consolidation-workloads"))
+        return Chart("consolidation-workloads", title, "series", to_svg(fig, "consolidation-workloads"))
 
 
 # --------------------------------------------------------------------------- the report

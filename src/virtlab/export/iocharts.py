@@ -20,16 +20,16 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from virtlab.export.charts import (
-    _GRID,
-    _RC,
-    _TEXT,
+    GRID_COLOUR,
     PALETTE,
+    RC_PARAMS,
+    TEXT_COLOUR,
     Chart,
-    _figure,
-    _tick,
-    _to_svg,
     environment_colours,
+    new_figure,
     plain,
+    tick_label,
+    to_svg,
 )
 from virtlab.export.sweeps import (
     BarGroup,
@@ -52,27 +52,27 @@ def _grid(count: int) -> tuple[int, int]:
 
 def _panels_figure(count: int, height: float) -> tuple[Figure, list[Any]]:
     rows, columns = _grid(count)
-    fig = _figure(11.0, height * rows)
+    fig = new_figure(11.0, height * rows)
     axes = [fig.add_subplot(rows, columns, i + 1) for i in range(count)]
     return fig, axes
 
 
 def _style(ax: Any, panel: Panel) -> None:
     """Title, unit, grid; headroom above the highest figure for the legend, in one row."""
-    ax.set_title(plain(panel.title), loc="left", fontsize=9.5, color=_TEXT)
+    ax.set_title(plain(panel.title), loc="left", fontsize=9.5, color=TEXT_COLOUR)
     ax.set_ylabel(plain(panel.unit or "value"))
     top = max((v for values in panel.lines.values() for v in values if v is not None), default=0.0)
     ax.set_ylim(0, (top or 1.0) * 1.3)
-    ax.yaxis.grid(True, color=_GRID, zorder=0)
-    ax.yaxis.set_major_formatter(FuncFormatter(_tick))
+    ax.yaxis.grid(True, color=GRID_COLOUR, zorder=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
     ax.legend(frameon=False, fontsize=8, loc="upper left", ncols=max(1, len(panel.lines)))
 
 
 def curve_chart(curve: Curve, colours: Mapping[str, str], order: Sequence[str]) -> Chart:
     """A panel per metric, x the swept value, one line (marker per point) per environment."""
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC_PARAMS):
         fig, axes = _panels_figure(len(curve.panels), 3.0)
-        fig.suptitle(plain(curve.title), x=0.01, ha="left", fontsize=10, color=_TEXT)
+        fig.suptitle(plain(curve.title), x=0.01, ha="left", fontsize=10, color=TEXT_COLOUR)
         for ax, panel in zip(axes, curve.panels, strict=True):
             for index, env in enumerate(e for e in order if e in panel.lines):
                 points = [(x, y) for x, y in zip(curve.xs, panel.lines[env], strict=True) if y is not None]
@@ -95,14 +95,14 @@ def curve_chart(curve: Curve, colours: Mapping[str, str], order: Sequence[str]) 
             ax.set_xticklabels([plain(t) for t in ticks], rotation=30 if len(ticks) > 6 else 0, fontsize=8)
             ax.set_xlabel(plain(curve.x_label))
             _style(ax, panel)
-        return Chart(key=curve.key, title=curve.title, kind="curve", svg=_to_svg(fig, curve.key))
+        return Chart(key=curve.key, title=curve.title, kind="curve", svg=to_svg(fig, curve.key))
 
 
 def bar_group_chart(group: BarGroup, colours: Mapping[str, str], order: Sequence[str]) -> Chart:
     """A panel per measure; in each category one bar per environment, its value written above."""
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC_PARAMS):
         fig, axes = _panels_figure(len(group.panels), 3.0)
-        fig.suptitle(plain(group.title), x=0.01, ha="left", fontsize=10, color=_TEXT)
+        fig.suptitle(plain(group.title), x=0.01, ha="left", fontsize=10, color=TEXT_COLOUR)
         for ax, panel in zip(axes, group.panels, strict=True):
             envs = [e for e in order if e in panel.lines]
             width = 0.8 / max(len(envs), 1)
@@ -115,15 +115,15 @@ def bar_group_chart(group: BarGroup, colours: Mapping[str, str], order: Sequence
                 for x, value in zip(xs, values, strict=True):
                     if len(envs) * len(group.categories) <= 16:
                         ax.annotate(_short(value), (x, value), xytext=(0, 2), textcoords="offset points",
-                                    ha="center", va="bottom", fontsize=7, color=_TEXT)  # fmt: skip
+                                    ha="center", va="bottom", fontsize=7, color=TEXT_COLOUR)  # fmt: skip
             ax.set_xticks(range(len(group.categories)), [plain(c) for c in group.categories], fontsize=8)
             ax.set_xlim(-0.6, len(group.categories) - 0.4)
             _style(ax, panel)
-        return Chart(key=group.key, title=group.title, kind="bars", svg=_to_svg(fig, group.key))
+        return Chart(key=group.key, title=group.title, kind="bars", svg=to_svg(fig, group.key))
 
 
 def _short(value: float) -> str:
-    return _tick(float(f"{value:.3g}"))
+    return tick_label(float(f"{value:.3g}"))
 
 
 def render_io_charts(results: Mapping[str, Any]) -> list[Chart]:

@@ -17,7 +17,16 @@ from typing import Any
 import matplotlib
 from matplotlib.ticker import FuncFormatter
 
-from virtlab.export.charts import _GRID, _RC, _TEXT, Chart, _figure, _tick, _to_svg, plain
+from virtlab.export.charts import (
+    GRID_COLOUR,
+    RC_PARAMS,
+    TEXT_COLOUR,
+    Chart,
+    new_figure,
+    plain,
+    tick_label,
+    to_svg,
+)
 from virtlab.export.scenario_report import (
     ScenarioReport,
     render_html,
@@ -330,13 +339,13 @@ def case_chart(case: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], k
     the migration's start, dotted: each mode's arrival."""
     panels = ["migrated", *(case.get("resident_names") or [])]
     workloads = {"migrated": case["migrated"], **dict(zip(panels[1:], case["residents"], strict=False))}
-    with matplotlib.rc_context(_RC):
-        fig = _figure(4.0 * len(panels), 3.0)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(4.0 * len(panels), 3.0)
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
-        fig.suptitle(plain(title), x=0.01, ha="left", fontsize=10, color=_TEXT)
+        fig.suptitle(plain(title), x=0.01, ha="left", fontsize=10, color=TEXT_COLOUR)
         for ax, vm in zip(axes, panels, strict=True):
             label = "migrated VM" if vm == "migrated" else vm
-            ax.set_title(plain(f"{label}: {workloads.get(vm)}"), fontsize=9, loc="left", color=_TEXT)
+            ax.set_title(plain(f"{label}: {workloads.get(vm)}"), fontsize=9, loc="left", color=TEXT_COLOUR)
             for mode in MODES:
                 run = runs.get(mode)
                 series = next((v for v in (run or {}).get("vms") or [] if v["name"] == vm), None)
@@ -350,14 +359,14 @@ def case_chart(case: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]], k
                 (r.get("migration_start_s") for r in runs.values() if r.get("migration_start_s")), None
             )
             if start is not None:
-                ax.axvline(start, color=_TEXT, lw=0.8, ls="--")
+                ax.axvline(start, color=TEXT_COLOUR, lw=0.8, ls="--")
             ax.set_xlabel("time (s)")
             ax.set_ylim(bottom=0)
-            ax.yaxis.grid(True, color=_GRID)
-            ax.yaxis.set_major_formatter(FuncFormatter(_tick))
+            ax.yaxis.grid(True, color=GRID_COLOUR)
+            ax.yaxis.set_major_formatter(FuncFormatter(tick_label))
         axes[0].set_ylabel("throughput (ops/s)")
         axes[0].legend(frameon=False, loc="lower left", fontsize=8)
-        return Chart(key=key, title=title, kind="series", svg=_to_svg(fig, key))
+        return Chart(key=key, title=title, kind="series", svg=to_svg(fig, key))
 
 
 def case_charts(section: Mapping[str, Any]) -> list[Chart]:

@@ -21,7 +21,16 @@ import matplotlib
 from matplotlib.patches import Patch
 
 from virtlab import stats
-from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg, plain
+from virtlab.export.charts import (
+    GRID_COLOUR,
+    PALETTE,
+    RC_PARAMS,
+    TEXT_COLOUR,
+    Chart,
+    new_figure,
+    plain,
+    to_svg,
+)
 from virtlab.export.scenario_report import (
     ScenarioReport,
     render_html,
@@ -397,10 +406,10 @@ def usage_chart(trial: Mapping[str, Any], host_cpus: int, key: str, title: str) 
     names = [g["environment"] for g in trial.get("guests") or []]
     ends, usage = usage_series(timeline, names)
     starts = [0.0, *ends[:-1]]
-    with matplotlib.rc_context(_RC):
-        fig = _figure(11.0, 3.6 + 0.22 * len(names))
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(11.0, 3.6 + 0.22 * len(names))
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[4, 0.5 + 0.3 * len(names)])
-        top.set_title(plain(title), loc="left", fontsize=10, color=_TEXT)
+        top.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
         # Steps: each interval's usage held over the interval, as it was measured.
         xs = [t for pair in zip(starts, ends, strict=True) for t in pair]
         bands = [[v for v in usage[name] for _ in (0, 1)] for name in names]
@@ -410,15 +419,17 @@ def usage_chart(trial: Mapping[str, Any], host_cpus: int, key: str, title: str) 
             top.stackplot(xs, *bands, labels=labels, colors=colours, alpha=0.85, lw=0)
             host = host_series(timeline)
             if host is not None:  # what the guests leave of the busy host went to other processes
-                top.plot(xs, [v for v in host for _ in (0, 1)], color=_TEXT, lw=0.9, ls="--", label=HOST_LINE)
-        top.axhline(100 * host_cpus, color=_TEXT, lw=0.8, ls="--")
+                top.plot(
+                    xs, [v for v in host for _ in (0, 1)], color=TEXT_COLOUR, lw=0.9, ls="--", label=HOST_LINE
+                )
+        top.axhline(100 * host_cpus, color=TEXT_COLOUR, lw=0.8, ls="--")
         top.annotate(
             f"host: {host_cpus} CPUs", (0, 100 * host_cpus), xytext=(2, 2), textcoords="offset points",
-            fontsize=8, color=_TEXT,
+            fontsize=8, color=TEXT_COLOUR,
         )  # fmt: skip
         top.set_ylabel("CPU (% of one core)")
         top.set_ylim(0, 100 * host_cpus * 1.12)
-        top.yaxis.grid(True, color=_GRID)
+        top.yaxis.grid(True, color=GRID_COLOUR)
         top.legend(frameon=False, loc="upper right", ncols=min(len(names), 5) or 1, fontsize=8)
         processes = {p["name"]: p for p in timeline.get("processes") or []}
         for row, name in enumerate(names):
@@ -433,7 +444,7 @@ def usage_chart(trial: Mapping[str, Any], host_cpus: int, key: str, title: str) 
         handles = [Patch(color=PHASE_COLOURS[p], label=PHASE_WORDS[p]) for p in (*PHASES, "teardown")]
         bottom.legend(handles=handles, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         bottom.set_xlim(0, max(ends) if ends else 1)
-        return Chart(key=key, title=title, kind="stacked", svg=_to_svg(fig, key))
+        return Chart(key=key, title=title, kind="stacked", svg=to_svg(fig, key))
 
 
 def usage_charts(section: Mapping[str, Any]) -> list[Chart]:

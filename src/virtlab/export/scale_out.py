@@ -17,7 +17,7 @@ from typing import Any
 import matplotlib
 
 from virtlab import consolidation, stats
-from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg
+from virtlab.export.charts import GRID_COLOUR, PALETTE, RC_PARAMS, TEXT_COLOUR, Chart, new_figure, to_svg
 from virtlab.export.scenario_report import (
     ScenarioReport,
     render_html,
@@ -170,10 +170,10 @@ def scale_chart(section: Mapping[str, Any]) -> Chart:
     """The total (95% CI whiskers) and the mean per instance against the count."""
     title = f"Total {section['metric']} against the count"
     measured = [c for c in section["counts"] if c["total"] is not None]
-    with matplotlib.rc_context(_RC):
-        fig = _figure(5.0, 3.2)
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(5.0, 3.2)
         ax = fig.add_subplot()
-        ax.set_title(title, loc="left", fontsize=10, color=_TEXT)
+        ax.set_title(title, loc="left", fontsize=10, color=TEXT_COLOUR)
         if measured:
             ax.errorbar(
                 [c["count"] for c in measured],
@@ -193,8 +193,8 @@ def scale_chart(section: Mapping[str, Any]) -> Chart:
         ax.set_ylabel(section["unit"] or section["metric"])
         ax.set_xticks([c["count"] for c in section["counts"]])
         ax.set_ylim(bottom=0)
-        ax.grid(True, color=_GRID)
-        return Chart("scale-out-total", title, "series", _to_svg(fig, "scale-out-total"))
+        ax.grid(True, color=GRID_COLOUR)
+        return Chart("scale-out-total", title, "series", to_svg(fig, "scale-out-total"))
 
 
 # --------------------------------------------------------------------------- the report

@@ -20,7 +20,16 @@ import matplotlib
 import numpy as np
 from matplotlib.patches import Patch
 
-from virtlab.export.charts import _GRID, _RC, _TEXT, PALETTE, Chart, _figure, _to_svg, plain
+from virtlab.export.charts import (
+    GRID_COLOUR,
+    PALETTE,
+    RC_PARAMS,
+    TEXT_COLOUR,
+    Chart,
+    new_figure,
+    plain,
+    to_svg,
+)
 from virtlab.export.tables import MISSING, Cell, Table, baseline_name
 from virtlab.usage import USAGE_KEY
 
@@ -242,10 +251,10 @@ def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, ti
     names = [env["name"] for env in environments]
     cpus = int((timeline.get("host") or {}).get("cpus") or 0)
     xs = [t for pair in zip(starts, ends, strict=True) for t in pair]
-    with matplotlib.rc_context(_RC):
-        fig = _figure(11.0, 3.4 + 0.22 * len(names))
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(11.0, 3.4 + 0.22 * len(names))
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[4, 0.5 + 0.3 * len(names)])
-        top.set_title(plain(title), loc="left", fontsize=10, color=_TEXT)
+        top.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
         for env in environments:
             colour = colours.get(env["name"], PALETTE[0])
             for span in env.get("spans") or []:
@@ -257,16 +266,16 @@ def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, ti
                 top.plot(xs, steps, color=colours.get(name, PALETTE[0]), lw=1.4, label=plain(name))
         if host is not None and xs:
             steps = [v for v in host for _ in (0, 1)]
-            top.plot(xs, steps, color=_TEXT, lw=0.9, ls="--", label=plain(HOST_LINE))
+            top.plot(xs, steps, color=TEXT_COLOUR, lw=0.9, ls="--", label=plain(HOST_LINE))
         if cpus:
             top.axhline(100 * cpus, color="#9ca3af", lw=0.8, ls=":")
             top.annotate(
                 f"host: {cpus} CPUs", (0, 100 * cpus), xytext=(2, 2), textcoords="offset points",
-                fontsize=8, color=_TEXT,
+                fontsize=8, color=TEXT_COLOUR,
             )  # fmt: skip
         top.set_ylabel("CPU (% of one core)")
         top.set_ylim(0, max(100 * cpus, max((max(v) for v in lines.values() if v), default=0)) * 1.12 or 100)
-        top.yaxis.grid(True, color=_GRID)
+        top.yaxis.grid(True, color=GRID_COLOUR)
         top.legend(frameon=False, loc="upper right", ncols=min(len(lines) + 1, 4), fontsize=8)
         for row, env in enumerate(environments):
             for span in env.get("spans") or []:
@@ -282,7 +291,7 @@ def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, ti
         handles = [Patch(color=PHASE_COLOURS[p], label=PHASE_WORDS[p]) for p in PHASE_COLOURS]
         bottom.legend(handles=handles, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
         bottom.set_xlim(0, float(timeline.get("duration_s") or (ends[-1] if ends else 1.0)) or 1.0)
-        return Chart(key=key, title=title, kind="usage", svg=_to_svg(fig, key))
+        return Chart(key=key, title=title, kind="usage", svg=to_svg(fig, key))
 
 
 # --------------------------------------------------------------------------
