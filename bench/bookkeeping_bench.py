@@ -25,7 +25,8 @@ from io_bench import measured_stamp, paired_verdict, write_part
 from virtlab.build import build_kernels
 from virtlab.outputs import open_results_dir, write_outputs
 from virtlab.plan import parse_plan
-from virtlab.runner import OUTPUTS_EVERY_S, run_study
+from virtlab.study import run_study
+from virtlab.study.grid import OUTPUTS_EVERY_S
 
 BEGIN, END = "<!-- bookkeeping:begin -->", "<!-- bookkeeping:end -->"
 PLAN = """

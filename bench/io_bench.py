@@ -38,7 +38,7 @@ from virtlab.build import build_kernels
 from virtlab.hostcache import drop_host_caches
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
-from virtlab.runner import run_study
+from virtlab.study import run_study
 
 BENCH_README = Path(__file__).with_name("README.md")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"

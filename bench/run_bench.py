@@ -28,7 +28,8 @@ from virtlab.build import build_kernels
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
 from virtlab.progress import SilentProgress
-from virtlab.runner import StudyRunner, open_study
+from virtlab.study import open_study
+from virtlab.study.grid import GridStudy
 from virtlab.workloads.pi import Pi
 from virtlab.workloads.stream import Stream
 
@@ -113,7 +114,7 @@ def _study_seconds(trials: int, kernels) -> float:
         out = Path(scratch) / "out"
         store = open_study(plan, out, resume=False)
         started = time.perf_counter()
-        StudyRunner(plan, out, store, kernels, SilentProgress()).run()
+        GridStudy(plan, out, store, kernels, SilentProgress()).run()
         elapsed = time.perf_counter() - started
         store.close()
     return elapsed

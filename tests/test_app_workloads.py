@@ -21,8 +21,9 @@ from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.runner import preflight, run_study
 from virtlab.samples import ParseError
+from virtlab.study import run_study
+from virtlab.study.preflight import preflight
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads.idle import Idle, IdleParams
 from virtlab.workloads.java import TRANSACTIONS, Java, JavaParams

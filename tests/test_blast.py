@@ -288,7 +288,7 @@ def test_blast_runs_the_same_in_native_and_a_container(tmp_path, guest_image):
     import json
 
     from virtlab.plan import parse_plan
-    from virtlab.runner import run_study
+    from virtlab.study import run_study
 
     params = "\n".join(f"{key} = {value}" for key, value in SMALL.items())
     plan = parse_plan(

@@ -23,7 +23,8 @@ from virtlab.environments import container as ct
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.runner import preflight, run_study
+from virtlab.study import run_study
+from virtlab.study.preflight import preflight
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
 

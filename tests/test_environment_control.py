@@ -174,7 +174,7 @@ HOST_REFUSED = [
 
 @pytest.mark.parametrize("control,study,message", HOST_REFUSED)
 def test_what_this_host_cannot_do_is_refused_by_the_preflight(control, study, message):
-    from virtlab.runner import preflight
+    from virtlab.study.preflight import preflight
 
     text = plan_text("native", "", control, study)
     with pytest.raises(InputError) as caught:

@@ -29,8 +29,8 @@ def test_drop_host_caches_writes_3_and_says_so(tmp_path):
 
 def test_every_counted_sample_carries_the_steal_of_its_trial(tmp_path):
     from virtlab.plan import parse_plan
-    from virtlab.runner import run_study
     from virtlab.store import ResultStore
+    from virtlab.study import run_study
 
     plan = parse_plan(
         '[study]\nname = "steal"\ntrials = 2\nwarmups = 0\n'
@@ -50,8 +50,8 @@ def test_every_counted_sample_carries_the_steal_of_its_trial(tmp_path):
 
 def test_storage_trials_drop_the_host_cache_first(tmp_path):
     from virtlab.plan import parse_plan
-    from virtlab.runner import run_study
     from virtlab.store import ResultStore
+    from virtlab.study import run_study
 
     plan = parse_plan(
         '[study]\nname = "cache"\ntrials = 1\nwarmups = 0\n'
@@ -73,7 +73,7 @@ def test_a_storage_file_larger_than_the_free_space_is_refused_before_the_study(t
 
     from virtlab.errors import InputError
     from virtlab.plan import parse_plan
-    from virtlab.runner import preflight
+    from virtlab.study.preflight import preflight
 
     free_mb = shutil.disk_usage(tmp_path).free // 2**20
     plan = parse_plan(

@@ -85,7 +85,7 @@ def test_a_file_larger_than_the_guests_disk_is_refused(guest_image, tmp_path):
     plan = tmp_path / "roomy.toml"
     plan.write_text(HEAD + roomy + workload.replace("4096", "4096\ntimeout_s = 1"))
     from virtlab.plan import load_plan
-    from virtlab.runner import preflight
+    from virtlab.study.preflight import preflight
 
     preflight(load_plan(plan), tmp_path / "out2")
 

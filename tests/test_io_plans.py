@@ -22,7 +22,7 @@ from marks import needs_runc
 from virtlab import nfs
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
-from virtlab.runner import run_study
+from virtlab.study import run_study
 from virtlab.workloads import WORKLOADS
 
 PLANS = Path(__file__).resolve().parents[1] / "src" / "virtlab" / "plans"

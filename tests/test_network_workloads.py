@@ -22,8 +22,10 @@ from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.environments.vm import VmEnvironment, VmFiles, VmOptions, bridge_mac, qemu_argv
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
-from virtlab.runner import TrialFailure, measure_peers, preflight, run_study
 from virtlab.samples import ParseError, Sample
+from virtlab.study import TrialFailure, run_study
+from virtlab.study.peers import measure_peers
+from virtlab.study.preflight import preflight
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link, PeerParams, PeerWorkload, combine
 from virtlab.workloads.iperf3 import Iperf3

@@ -13,7 +13,7 @@ import pytest
 import marks
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.ports import PortsBusy, lease_slots
-from virtlab.runner import measure_peers
+from virtlab.study.peers import measure_peers
 from virtlab.workloads import WORKLOADS
 from virtlab_cli import CLI, cli_env
 

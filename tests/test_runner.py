@@ -18,7 +18,7 @@ from virtlab.environments import ENVIRONMENTS
 from virtlab.environments._base import SETUP_WORKLOAD, CommandResult
 from virtlab.outputs import Throttle
 from virtlab.plan import parse_plan
-from virtlab.runner import run_study
+from virtlab.study import run_study
 from virtlab_cli import CLI, cli_env
 
 ENVIRONMENTS.add("faulty", FaultyEnvironment)

@@ -28,14 +28,11 @@ from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.progress import SilentProgress
-from virtlab.runner import (
-    UNAVAILABLE,
-    TrialFailure,
-    measure_peers,
-    preflight,
-    run_study,
-)
 from virtlab.samples import ParseError
+from virtlab.study import TrialFailure, run_study
+from virtlab.study.outcome import UNAVAILABLE
+from virtlab.study.peers import measure_peers
+from virtlab.study.preflight import preflight
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link, ServerPlace
 from virtlab.workloads.scp import MIB, Scp, ScpParams, short_version

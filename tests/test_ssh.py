@@ -18,7 +18,7 @@ from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.ssh import SshEnvironment, SshOptions
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
-from virtlab.runner import run_study
+from virtlab.study import run_study
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
 

@@ -190,7 +190,7 @@ def test_accel_kvm_where_kvm_fails_is_bad_input_before_anything_runs():
     from virtlab.accel import probe_kvm
     from virtlab.errors import InputError
     from virtlab.plan import parse_plan
-    from virtlab.runner import preflight
+    from virtlab.study.preflight import preflight
 
     probe = probe_kvm()
     if probe.kvm_usable:

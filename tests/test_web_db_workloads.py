@@ -22,8 +22,9 @@ from virtlab.environments.container import ContainerEnvironment, ContainerOption
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
 from virtlab.plan import parse_plan
-from virtlab.runner import TrialFailure, measure_peers, run_study
 from virtlab.samples import ParseError
+from virtlab.study import TrialFailure, run_study
+from virtlab.study.peers import measure_peers
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._peer import Link
 from virtlab.workloads.database import Database, DatabaseParams, parse_pgbench

@@ -36,7 +36,7 @@ def run(
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.plan import load_plan
     from virtlab.progress import LogProgress, RichProgress, SilentProgress
-    from virtlab.runner import default_out_dir, latest_out_dir, run_study
+    from virtlab.study import default_out_dir, latest_out_dir, run_study
 
     study_plan = load_plan(plan)
     if out is None:
@@ -54,34 +54,15 @@ def run(
 @app.command()
 def report(directory: Annotated[Path, typer.Argument(help="a results directory")]) -> None:
     """Rebuild results.json, results.csv and the reports of a results directory from its database."""
-    from virtlab.outputs import open_results_dir, write_outputs
+    from virtlab.outputs import open_results_dir
+    from virtlab.study import rebuild_outputs
 
     store = open_results_dir(directory)
     try:
-        scenario = _scenario_of(directory, store)
-        if scenario is not None:
-            scenario.write_outputs(reports=True)
-        else:
-            write_outputs(directory, store, reports=True)
+        rebuild_outputs(directory, store)
     finally:
         store.close()
     console.print(f"wrote {directory}/report.md and {directory}/report.html")
-
-
-def _scenario_of(directory: Path, store):
-    """The scenario that wrote a results directory (from its stored plan), or None for a grid study."""
-    from virtlab.plan import parse_plan
-    from virtlab.progress import SilentProgress
-
-    text = store.get("plan_text")
-    if not text:
-        return None
-    plan = parse_plan(text, str(directory / "results.sqlite (stored plan)"))
-    if plan.study.scenario is None:
-        return None
-    from virtlab.scenarios import SCENARIOS
-
-    return SCENARIOS.get(plan.study.scenario)(plan, directory, store, None, SilentProgress())
 
 
 @app.command()

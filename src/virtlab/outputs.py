@@ -12,7 +12,7 @@ from virtlab.errors import InputError
 
 # Imported here, not inside write_outputs: an import that Ctrl-C interrupts halfway leaves
 # matplotlib half-initialised in sys.modules, and the interrupted study could then not write
-# its reports. The runner imports this module before the first trial.
+# its reports. The study engine imports this module before the first trial.
 from virtlab.export import write_reports, write_results_csv, write_results_json
 from virtlab.store import ResultStore
 from virtlab.usage import USAGE_KEY

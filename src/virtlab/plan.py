@@ -5,7 +5,7 @@ The shape is fixed by plans that other tools already write:
 ``[[workload]]`` (``name``, ``kind`` and the workload's parameters). Unknown keys
 anywhere are errors. A study that is not an environment x workload grid names a
 scenario (``[study] scenario = "priority"``) and configures it in one more table of
-that name (``[priority]``), validated by the scenario (``virtlab.scenarios``).
+that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from virtlab.control.environment import plan_problems
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.registry import Registry, UnknownPluginError
-from virtlab.scenarios import SCENARIOS
+from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
 
 DEFAULT_PLAN = "quick.toml"

@@ -54,10 +54,10 @@ from virtlab.environments import Environment
 from virtlab.export.consolidation import build_section, write_consolidation_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import record_study_start
-from virtlab.scenarios import PlanProblem, register_scenario
-from virtlab.scenarios._together import Instance, Run, TogetherStudy, run_together, with_duration
+from virtlab.scenario_kinds import PlanProblem, register_scenario
+from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
 from virtlab.store import ResultStore
+from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS
 
 ROLES = ("web", "database", "java", "idle")
@@ -165,11 +165,11 @@ class ConsolidationScenario(TogetherStudy):
         """Every repetition: the references, then each tile count (interleaved, so that a drift of
         the host spreads over every tile count)."""
         return [
-            Run(
+            self.timed_run(
                 run_key(tiles, repetition),
                 run_name(tiles),
                 f"{'each role alone' if tiles is None else 'tiles at once'}, repetition {repetition + 1}",
-                lambda load_side, tiles=tiles, repetition=repetition: self._run(tiles, repetition, load_side),
+                lambda tiles=tiles, repetition=repetition: self._run(tiles, repetition),
             )
             for repetition in range(self.config.repeat)
             for tiles in (None, *self.config.tiles)
@@ -180,11 +180,11 @@ class ConsolidationScenario(TogetherStudy):
         environment = self.instance_environment(cell, repetition)
         return Instance(cell, tile, role, self.roles[role], environment, MAIN_METRIC.get(role), repetition)
 
-    def _run(self, tiles: int | None, repetition: int, load_side: Environment) -> dict[str, Any]:
+    def _run(self, tiles: int | None, repetition: int) -> dict[str, Any]:
         if tiles is None:
-            instances, reading = self._run_references(load_side, repetition), None
+            instances, reading = self._run_references(self.load_side, repetition), None
         else:
-            instances, reading = self._run_tiles(tiles, repetition, load_side)
+            instances, reading = self._run_tiles(tiles, repetition, self.load_side)
         self.store_instances(instances)
         return {
             "run": run_name(tiles),
@@ -229,20 +229,16 @@ class ConsolidationScenario(TogetherStudy):
         return instances, readings[0] if readings else None
 
     # -- the frame's parts
-    def record_start(self) -> None:
-        record_study_start(
-            self.store,
-            self.plan,
-            self.kernels,
-            tools={tool for spec in self.plan.workloads for tool in spec.workload.tools},
-            workloads=[spec.describe() for spec in self.roles.values()],
-            environment_order=[member_name("reference", None, role) for role in MAIN_METRIC],
-        )
+    def described_workloads(self) -> list[dict[str, Any]]:
+        return [spec.describe() for spec in self.roles.values()]
+
+    def environment_order(self) -> list[str]:
+        return [member_name("reference", None, role) for role in MAIN_METRIC]
 
     def baseline(self) -> str:
         return member_name("reference", None, "web")
 
-    def section(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def section_of(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         return build_section(self.config.model_dump(mode="json"), self.member.describe(), runs)
 
     def write_reports(self, results: dict[str, Any]) -> None:

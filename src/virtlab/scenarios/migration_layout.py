@@ -49,8 +49,6 @@ Backends:
 
 from __future__ import annotations
 
-import datetime as dt
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -63,15 +61,14 @@ from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
 from virtlab.export.numa import build_section, write_migration_layout_reports
-from virtlab.export.tabular import write_results_json
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
-from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome, kernels_for, record_study_start
-from virtlab.scenarios import PlanProblem, Scenario, register_scenario
+from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.study import Run, RunsStudy, StudyShape
+from virtlab.study.preflight import kernels_for
 from virtlab.workloads._throughput import ThroughputParams
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -248,10 +245,11 @@ def resolve_backend(config: MigrationLayoutConfig, nodes: Sequence[int] | None =
 
 
 @register_scenario
-class MigrationLayoutScenario(Scenario):
+class MigrationLayoutScenario(RunsStudy):
     name = "migration_layout"
     summary = "a VM live-migrated into a loaded NUMA host under proposal / reactive / default (seed 004)"
     Config = MigrationLayoutConfig
+    runs_key = RUNS_KEY
 
     @classmethod
     def check(
@@ -290,7 +288,7 @@ class MigrationLayoutScenario(Scenario):
         return problems
 
     @classmethod
-    def preflight(cls, plan: Plan) -> KernelBuild:
+    def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
         config: MigrationLayoutConfig = plan.scenario
         backend, _ = resolve_backend(config)
         if backend == "live":
@@ -309,52 +307,39 @@ class MigrationLayoutScenario(Scenario):
         super().__init__(plan, out_dir, store, kernels, progress)
         self.config: MigrationLayoutConfig = plan.scenario
         self.workloads = {w.name: w for w in plan.workloads}
+        self.backend, self.backend_reason = resolve_backend(self.config)
+        self._model = Model()
+        self._simulated: dict[str, Any] = {}  # case name -> the simulator's result for every mode
+        self._guests: Any = None  # the live backend's prepared guests, made for the first live run
 
     # -- the study
-    def run(self) -> StudyOutcome:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        backend, reason = resolve_backend(self.config)
-        self._record_study(backend, reason)
-        try:
-            done = {
-                key
-                for key in self.store.get(RUNS_KEY, [])
-                if (self.store.get(key) or {}).get("status") == "ok"
-            }
-            todo = [(case, mode) for case in self.config.case for mode in self.config.modes
-                    if _run_key(case.name, mode) not in done]  # fmt: skip
-            self.progress.start(len(todo))
-            if backend == "simulator":
-                self._simulate(todo)
-            else:
-                self._live(todo)
-            self.store.put("status", "finished")
-        except KeyboardInterrupt:
-            self.outcome.interrupted = True
-            self.store.put("status", "interrupted")
-            self.progress.note("interrupted: every finished run is stored; continue with --resume")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            self.progress.stop()
-            self._finish_study()
-        return self.outcome
-
-    def _simulate(self, todo: list[tuple[CaseSpec, str]]) -> None:
-        model = Model()
-        for case in dict.fromkeys(c for c, _ in todo):
-            modes = [m for c, m in todo if c is case]
-            self.progress.trial(
-                f"case {case.name} ({case.policy})", case.migrated, f"simulated: {', '.join(modes)}"
+    def runs(self) -> list[Run]:
+        how = "simulated" if self.backend == "simulator" else "live"
+        step = self._simulate if self.backend == "simulator" else self._live
+        return [
+            Run(
+                _run_key(case.name, mode),
+                f"case {case.name} ({case.policy})",
+                case.migrated,
+                f"{how}, {mode}",
+                lambda case=case, mode=mode: step(case, mode),
             )
-            result = case_study(
-                self._setup(case), model, policy=case.policy, migration_start_s=self.config.migration_start_s,
-                migration_s=self.config.migration_s, duration_s=float(self.config.duration_s),
-                window_s=self.config.window_s,
+            for case in self.config.case
+            for mode in self.config.modes
+        ]
+
+    def prepare(self) -> None:
+        self.store.put("migration_layout/backend", {"backend": self.backend, "reason": self.backend_reason})
+
+    def _simulate(self, case: CaseSpec, mode: str) -> dict[str, Any]:
+        """One mode of a case, from the simulator's run of the case (made once for all its modes)."""
+        if case.name not in self._simulated:
+            self._simulated[case.name] = case_study(
+                self._setup(case), self._model, policy=case.policy,
+                migration_start_s=self.config.migration_start_s, migration_s=self.config.migration_s,
+                duration_s=float(self.config.duration_s), window_s=self.config.window_s,
             )  # fmt: skip
-            for mode in modes:
-                self._store_run(_simulated_run(case, mode, result, self.config, model))
-                self.progress.advance()
-            self.write_outputs(reports=False)
+        return _simulated_run(case, mode, self._simulated[case.name], self.config, self._model)
 
     def _setup(self, case: CaseSpec) -> CaseSetup:
         kind = {name: spec.kind for name, spec in self.workloads.items()}
@@ -371,32 +356,30 @@ class MigrationLayoutScenario(Scenario):
             memory_gib=case.memory_gib,
         )  # fmt: skip
 
-    def _live(self, todo: list[tuple[CaseSpec, str]]) -> None:
+    def _live(self, case: CaseSpec, mode: str) -> dict[str, Any]:
         from virtlab.numa.live import LiveCase, prepare_guests, run_live_case
 
-        template = self.plan.environments[0]
-        setup = prepare_guests(template.options, self.kernels, say=self.progress.note)
-        for case, mode in todo:
-            self.progress.trial(f"case {case.name} ({case.policy})", case.migrated, f"live, {mode}")
-            live_case = LiveCase(
-                name=case.name, mode=mode, policy=case.policy,  # type: ignore[arg-type]
-                migrated=self.workloads[case.migrated].workload,
-                residents=tuple(
-                    (name, self.workloads[w].workload, node)
-                    for name, w, node in zip(case.resident_names(), case.residents, case.nodes_of_residents(),
-                                             strict=True)
-                ),
-                migration_start_s=self.config.live_start_s, duration_s=self.config.live_duration_s,
-                window_s=self.config.window_s, counters=self.config.live.counters,
-            )  # fmt: skip
-            started = time.time()
-            run = run_live_case(live_case, setup, self.out_dir / "runs" / f"{case.name}-{mode}")
-            self._store_live(case, mode, run, started, setup)
-            self.progress.advance()
-            self.write_outputs(reports=False)
+        if self._guests is None:
+            template = self.plan.environments[0]
+            self._guests = prepare_guests(template.options, self.kernels, say=self.progress.note)
+        live_case = LiveCase(
+            name=case.name, mode=mode, policy=case.policy,  # type: ignore[arg-type]
+            migrated=self.workloads[case.migrated].workload,
+            residents=tuple(
+                (name, self.workloads[w].workload, node)
+                for name, w, node in zip(case.resident_names(), case.residents, case.nodes_of_residents(),
+                                         strict=True)
+            ),
+            migration_start_s=self.config.live_start_s, duration_s=self.config.live_duration_s,
+            window_s=self.config.window_s, counters=self.config.live.counters,
+        )  # fmt: skip
+        started = time.time()
+        run = run_live_case(live_case, self._guests, self.out_dir / "runs" / f"{case.name}-{mode}")
+        return self._store_live(case, mode, run, started, self._guests)
 
     # -- storing
-    def _store_live(self, case: CaseSpec, mode: str, run: Any, started: float, setup: Any) -> None:
+    def _store_live(self, case: CaseSpec, mode: str, run: Any, started: float, setup: Any) -> dict[str, Any]:
+        """The run's VMs as environments with their trials, its failure; returns its record."""
         names = {"migrated": case.migrated, **dict(zip(case.resident_names(), case.residents, strict=True))}
         for vm in run.vms:
             environment = f"{case.name}/{mode}/{vm.name}"
@@ -418,68 +401,38 @@ class MigrationLayoutScenario(Scenario):
             )  # fmt: skip
             self.outcome.failed_cells.add((f"{case.name}/{mode}", case.migrated))
             self.progress.note(f"FAILED {case.name}/{mode}: {run.error}")
-        self._store_run(
-            {
+        return {
                 "case": case.name, "mode": mode, "backend": "live", "status": run.status, "error": run.error,
                 "policy": case.policy, "migration_start_s": run.migration_start_s, "arrival_s": run.arrival_s,
                 "vms": [vm.to_dict() for vm in run.vms], "events": [[e, t] for e, t in run.events],
                 "migration": run.migration, "counters": run.counters, "notes": [*run.notes, LIVE_PRESSURE],
                 "resident_nodes": run.resident_nodes, "boot_s": run.boot_s, "memory_check": run.memory_check,
-            }
-        )  # fmt: skip
+        }  # fmt: skip
 
-    def _store_run(self, record: dict[str, Any]) -> None:
-        key = _run_key(record["case"], record["mode"])
-        self.store.put(key, record)
-        keys = [k for k in self.store.get(RUNS_KEY, []) if k != key]
-        self.store.put(RUNS_KEY, [*keys, key])
+    # -- the engine's parts
+    def shape(self) -> StudyShape:
+        return StudyShape(trials=1, warmups=0, baseline=None, order="interleave")
 
-    def _record_study(self, backend: str, reason: str) -> None:
-        record_study_start(
-            self.store, self.plan, self.kernels,
-            tools=set().union(*(w.workload.tools for w in self.plan.workloads)),
-            workloads=[w.describe() for w in self.plan.workloads],
-            environment_order=[f"{c.name}/{m}/{vm}" for c in self.config.case for m in self.config.modes
-                               for vm in ("migrated", *c.resident_names())],
-        )  # fmt: skip
-        self.store.put("migration_layout/backend", {"backend": backend, "reason": reason})
-        self._put_study_summary("running")
-        self.store.clear_failures()
+    def described_workloads(self) -> list[dict[str, Any]]:
+        return [w.describe() for w in self.plan.workloads]
 
-    def _put_study_summary(self, status: str) -> None:
-        study = self.plan.study
-        self.store.put(
-            "study",
-            {
-                "name": study.name, "description": study.description, "scenario": self.name, "trials": 1,
-                "warmups": 0, "reduction": study.reduction, "threshold_pct": study.threshold_pct,
-                "baseline": None, "order": "interleave", "target_cov_pct": None,
-                "plan_file": self.plan.source, "plan_sha256": self.plan.sha256, "status": status,
-            },
-        )  # fmt: skip
+    def environment_order(self) -> list[str]:
+        return [f"{c.name}/{m}/{vm}" for c in self.config.case for m in self.config.modes
+                for vm in ("migrated", *c.resident_names())]  # fmt: skip
 
-    def _finish_study(self) -> None:
-        metadata = self.store.get("metadata", {})
-        metadata["ended"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        self.store.put("metadata", metadata)
-        self._put_study_summary(self.store.get("status"))
-        self.write_outputs(reports=True)
-
-    def write_outputs(self, reports: bool) -> None:
-        """results.json with the scenario's section (and the reports), rebuilt from the store."""
-        results = write_outputs(self.out_dir, self.store, reports=False)
+    def section(self, results: dict[str, Any]) -> dict[str, Any]:
         backend = self.store.get("migration_layout/backend") or {}
-        results["scenario"] = build_section(
+        return build_section(
             config=self.config.model_dump(mode="json"),
             cases=[c.describe() for c in self.config.case],
-            runs=[self.store.get(key) for key in self.store.get(RUNS_KEY, [])],
+            runs=self.stored_runs(),
             backend=backend.get("backend"),
             backend_reason=backend.get("reason"),
             model=asdict(Model()),
         )
-        write_results_json(results, self.out_dir / "results.json")
-        if reports:
-            write_migration_layout_reports(results, self.out_dir)
+
+    def write_reports(self, results: dict[str, Any]) -> None:
+        write_migration_layout_reports(results, self.out_dir)
 
 
 def _simulated_run(
@@ -518,7 +471,3 @@ def _simulated_run(
 
 def _run_key(case: str, mode: str) -> str:
     return f"migration_layout/run/{case}/{mode}"
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt

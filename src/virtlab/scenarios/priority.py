@@ -64,15 +64,14 @@ from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
 from virtlab.export.priority import build_section, write_priority_reports
-from virtlab.export.tabular import write_results_json
-from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome, kernels_for, record_study_start
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
-from virtlab.scenarios import PlanProblem, Scenario, register_scenario
+from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.study import Run, RunsStudy, StudyShape
+from virtlab.study.preflight import kernels_for
 from virtlab.workloads import Workload
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -483,10 +482,12 @@ GUEST_KINDS: dict[str, type[Guest]] = {"vm": VmGuest, "container": ContainerGues
 
 
 @register_scenario
-class PriorityScenario(Scenario):
+class PriorityScenario(RunsStudy):
     name = "priority"
     summary = "K guests at once running a workload from boot, one at a higher host priority (seed 002)"
     Config = PriorityConfig
+    runs_key = TRIALS_KEY
+    unit = "trial"
 
     @classmethod
     def check(
@@ -537,7 +538,7 @@ class PriorityScenario(Scenario):
         return problems
 
     @classmethod
-    def preflight(cls, plan: Plan) -> KernelBuild:
+    def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
         template, workload = plan.environments[0], plan.workloads[0]
         problems = [
             f"environment {template.name!r}: {p}"
@@ -564,38 +565,21 @@ class PriorityScenario(Scenario):
         self.workload = plan.workloads[0]
 
     # -- the study
-    def run(self) -> StudyOutcome:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        self._record_study()
-        try:
-            done = {key for key in self.store.get(TRIALS_KEY, []) if self._trial(key).get("status") == "ok"}
-            todo = [
-                (configuration, repetition)
-                for repetition in range(self.config.repeat)
-                for configuration in self.config.configuration
-                if _trial_key(configuration.name, repetition) not in done
-            ]
-            self.progress.start(len(todo))
-            for configuration, repetition in todo:
-                label = f"trial {repetition + 1} of {self.config.repeat}"
-                self.progress.trial(
-                    f"{configuration.name} ({configuration.guests} guests)", self.workload.name, label
-                )
-                self._run_trial(configuration, repetition)
-                self.progress.advance()
-                self.write_outputs(reports=False)
-            self.store.put("status", "finished")
-        except KeyboardInterrupt:
-            self.outcome.interrupted = True
-            self.store.put("status", "interrupted")
-            self.progress.note("interrupted: every finished trial is stored; continue with --resume")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-            self.progress.stop()
-            self._finish_study()
-        return self.outcome
+    def runs(self) -> list[Run]:
+        """Every configuration, then again for each repetition (interleaved)."""
+        return [
+            Run(
+                _trial_key(configuration.name, repetition),
+                f"{configuration.name} ({configuration.guests} guests)",
+                self.workload.name,
+                f"trial {repetition + 1} of {self.config.repeat}",
+                lambda c=configuration, r=repetition: self._run_trial(c, r),
+            )
+            for repetition in range(self.config.repeat)
+            for configuration in self.config.configuration
+        ]
 
-    def _run_trial(self, configuration: ConfigurationSpec, repetition: int) -> None:
+    def _run_trial(self, configuration: ConfigurationSpec, repetition: int) -> dict[str, Any]:
         stop = threading.Event()
         sampler = CpuSampler(self.config.sample_interval_s).start()
         guests = [
@@ -614,7 +598,7 @@ class PriorityScenario(Scenario):
             raise
         finally:
             timeline = sampler.stop()
-        self._store_trial(
+        return self._store_trial(
             configuration, repetition, guests, timeline.to_dict(), started, time.monotonic() - t0
         )
 
@@ -642,7 +626,8 @@ class PriorityScenario(Scenario):
         timeline: dict[str, Any],
         started: float,
         elapsed_s: float,
-    ) -> None:
+    ) -> dict[str, Any]:
+        """The guests' trials (all or none), failures and environments stored; returns the record."""
         failed = [g for g in guests if g.error is not None]
         ok = not failed and not any(g.stopped for g in guests)
         options = self.template.describe()["options"]
@@ -679,8 +664,7 @@ class PriorityScenario(Scenario):
             )
             self.outcome.failed_cells.add((guest.name, self.workload.name))
             self.progress.note(f"FAILED {guest.name} ({guest.phase}): {guest.error}")
-        key = _trial_key(configuration.name, repetition)
-        record = {
+        return {
             "configuration": configuration.name,
             "repetition": repetition,
             "status": "ok" if ok else "failed",
@@ -689,61 +673,31 @@ class PriorityScenario(Scenario):
             "guests": [g.record() for g in guests],
             "timeline": timeline,
         }
-        self.store.put(key, record)
-        keys = [k for k in self.store.get(TRIALS_KEY, []) if k != key]
-        self.store.put(TRIALS_KEY, [*keys, key])
 
-    def _trial(self, key: str) -> dict[str, Any]:
-        return self.store.get(key) or {}
-
-    def _record_study(self) -> None:
-        record_study_start(
-            self.store,
-            self.plan,
-            self.kernels,
-            tools=set(self.workload.workload.tools),
-            workloads=[self.workload.describe()],
-            environment_order=[name for c in self.config.configuration for name in c.environments],
-        )
-        self._put_study_summary("running")
-        self.store.clear_failures()
-
-    def _put_study_summary(self, status: str) -> None:
-        study = self.plan.study
+    # -- the engine's parts
+    def shape(self) -> StudyShape:
         first = self.config.configuration[0].environments[0]
-        self.store.put(
-            "study",
-            {
-                "name": study.name, "description": study.description, "scenario": self.name,
-                "trials": self.config.repeat, "warmups": 0, "reduction": study.reduction,
-                "threshold_pct": study.threshold_pct, "baseline": first, "order": "interleave",
-                "target_cov_pct": None, "plan_file": self.plan.source, "plan_sha256": self.plan.sha256,
-                "status": status,
-            },
-        )  # fmt: skip
+        return StudyShape(trials=self.config.repeat, warmups=0, baseline=first, order="interleave")
 
-    def _finish_study(self) -> None:
-        metadata = self.store.get("metadata", {})
-        metadata["ended"] = _now()
-        self.store.put("metadata", metadata)
-        self._put_study_summary(self.store.get("status"))
-        self.write_outputs(reports=True)
+    def described_workloads(self) -> list[dict[str, Any]]:
+        return [self.workload.describe()]
 
-    def write_outputs(self, reports: bool) -> None:
-        """results.json with the scenario section (and the reports), rebuilt from the store."""
-        results = write_outputs(self.out_dir, self.store, reports=False)
-        results["scenario"] = build_section(
+    def environment_order(self) -> list[str]:
+        return [name for c in self.config.configuration for name in c.environments]
+
+    def section(self, results: dict[str, Any]) -> dict[str, Any]:
+        return build_section(
             config=self.config.model_dump(mode="json"),
             configurations=[c.describe() for c in self.config.configuration],
             workload=self.workload.name,
             cells=results["cells"],
-            trials=[self._trial(key) for key in self.store.get(TRIALS_KEY, [])],
+            trials=self.stored_runs(),
             host_cpus=len(os.sched_getaffinity(0)),
             compare=self.config.compare,
         )
-        write_results_json(results, self.out_dir / "results.json")
-        if reports:
-            write_priority_reports(results, self.out_dir)
+
+    def write_reports(self, results: dict[str, Any]) -> None:
+        write_priority_reports(results, self.out_dir)
 
 
 def _wait_for(guests: Sequence[Guest]) -> None:
@@ -755,11 +709,3 @@ def _wait_for(guests: Sequence[Guest]) -> None:
 
 def _trial_key(configuration: str, repetition: int) -> str:
     return f"priority/trial/{configuration}/{repetition}"
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

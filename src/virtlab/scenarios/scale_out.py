@@ -40,14 +40,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.build import KernelBuild
-from virtlab.environments import Environment
 from virtlab.export.scale_out import build_section, write_scale_out_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import record_study_start
-from virtlab.scenarios import PlanProblem, register_scenario
-from virtlab.scenarios._together import Instance, Run, TogetherStudy, run_together, with_duration
+from virtlab.scenario_kinds import PlanProblem, register_scenario
+from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
 from virtlab.store import ResultStore
+from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS, PeerWorkload
 
 MAIN_METRIC = {"web": "requests_per_s", "database": "tps", "java": "ops_per_s"}
@@ -156,17 +155,17 @@ class ScaleOutScenario(TogetherStudy):
     def runs(self) -> list[Run]:
         """Every count, then again for each repetition (interleaved)."""
         return [
-            Run(
+            self.timed_run(
                 run_key(count, repetition),
                 f"count{count}",
                 f"{count} at once, repetition {repetition + 1}",
-                lambda load_side, count=count, repetition=repetition: self._run(count, repetition, load_side),
+                lambda count=count, repetition=repetition: self._run(count, repetition),
             )
             for repetition in range(self.config.repeat)
             for count in self.config.counts
         ]
 
-    def _run(self, count: int, repetition: int, load_side: Environment) -> dict[str, Any]:
+    def _run(self, count: int, repetition: int) -> dict[str, Any]:
         instances = []
         for index in range(1, count + 1):
             cell = cell_name(count, index)
@@ -174,7 +173,7 @@ class ScaleOutScenario(TogetherStudy):
             instances.append(
                 Instance(cell, index, self.spec.kind, self.spec, environment, self.metric, repetition)
             )
-        run_together(instances, self.kernels, load_side, lambda i: (i.group or 1) - 1)
+        run_together(instances, self.kernels, self.load_side, lambda i: (i.group or 1) - 1)
         self.store_instances(instances)
         return {
             "count": count,
@@ -186,20 +185,16 @@ class ScaleOutScenario(TogetherStudy):
     def needs_network(self) -> bool:
         return isinstance(self.spec.workload, PeerWorkload)
 
-    def record_start(self) -> None:
-        record_study_start(
-            self.store,
-            self.plan,
-            self.kernels,
-            tools=set(self.spec.workload.tools),
-            workloads=[self.spec.describe()],
-            environment_order=[cell_name(n, 1) for n in self.config.counts],
-        )
+    def described_workloads(self) -> list[dict[str, Any]]:
+        return [self.spec.describe()]
+
+    def environment_order(self) -> list[str]:
+        return [cell_name(n, 1) for n in self.config.counts]
 
     def baseline(self) -> str:
         return cell_name(self.config.counts[0], 1)
 
-    def section(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def section_of(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         member, workload = self.member.describe(), self.spec.describe()
         return build_section(self.config.model_dump(mode="json"), member, workload, self.metric, runs)
 

@@ -6,35 +6,34 @@ provisions, measures (a peer workload, such as web or database, serves from its 
 loaded from the native side; any other runs inside it) and tears down, keeping its failure as its
 own so that one instance's failure never takes the others down. ``all_at_once`` runs one step of
 every instance in parallel; ``store_instances`` stores each as a trial of its own cell, or as a
-failure with its log. ``TogetherStudy`` is the frame of such a study: its plan checks, the native
-load side, the runs left to do on --resume, Ctrl-C, and the outputs rebuilt from the store.
+failure with its log. ``TogetherStudy`` is the frame of such a study: its plan checks and the native
+load side (the study engine does the rest).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import signal
 import threading
 import time
 import traceback
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from virtlab.build import KernelBuild
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.errors import InputError
-from virtlab.export.tabular import write_results_json
-from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
-from virtlab.runner import StudyOutcome, TrialFailure, kernels_for, measure_peers
 from virtlab.samples import ParseError, Sample
-from virtlab.scenarios import PlanProblem, Scenario
+from virtlab.scenario_kinds import PlanProblem
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
-from virtlab.workloads import Workload
+from virtlab.study import Run, RunsStudy, StudyOutcome, StudyShape, TrialFailure
+from virtlab.study.base import now
+from virtlab.study.measure import measure_inside
+from virtlab.study.peers import measure_peers
+from virtlab.study.preflight import kernels_for
 from virtlab.workloads._peer import Link, PeerWorkload
 
 LOAD_SIDE = "native"
@@ -128,18 +127,6 @@ class Instance:
             "unit": self.unit(), "better": self.better(), "status": "failed" if self.error else "ok",
             "error": self.error, "phase": self.phase, "elapsed_s": round(self.elapsed_s, 3),
         }  # fmt: skip
-
-
-def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:
-    result = environment.run(workload.command(environment.bin_dir), workload.timeout_s)
-    if result.timed_out:
-        raise TrialFailure(f"timed out after {workload.timeout_s:g} s", result.log())
-    if result.exit_code != 0:
-        raise TrialFailure(result.status(), result.log())
-    try:
-        return workload.parse(result.stdout)
-    except ParseError as error:
-        raise TrialFailure(f"output not understood: {error}", result.log()) from None
 
 
 def all_at_once(instances: Sequence[Instance], step: Callable[[Instance], None]) -> None:
@@ -240,40 +227,20 @@ def with_duration(spec: WorkloadSpec, duration_s: int) -> WorkloadSpec:
     return WorkloadSpec(spec.name, spec.kind, type(workload)(params))
 
 
-def raise_interrupt(signum: int, frame: object) -> None:
-    """SIGTERM as Ctrl-C: every finished run is stored, the rest goes on with --resume."""
-    raise KeyboardInterrupt
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
 # --------------------------------------------------------------------------- the studies' frame
 
 _GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
 MEMBER_KINDS = ("container", "vm")
 
 
-class Run(NamedTuple):
-    """One run of a study made of runs: its store key, what the progress shows, and the step."""
-
-    key: str
-    label: str
-    what: str
-    step: Callable[[Environment], dict[str, Any]]
-    """Runs it on the load side given; returns its record (with ``status``) to store under ``key``."""
-
-
-class TogetherStudy(Scenario):
+class TogetherStudy(RunsStudy):
     """A study made of runs of many environments of one template at once (consolidation, scale-out).
 
-    It owns what they share: the checks of the plan's grid keys and its one template, the native load
-    side, the runs left to do (a run stored with status ok is not run again on --resume), Ctrl-C and
-    SIGTERM (every finished run stays stored), and results.json and the reports rebuilt from the
-    store. A subclass gives its runs, its section and its reports."""
+    It owns what they share: the checks of the plan's grid keys and its one template, and the native
+    load side, joined to virtlab's network once before the runs; the engine (``RunsStudy``) owns
+    the runs left to do on --resume, Ctrl-C and SIGTERM and the outputs. A subclass gives its runs
+    (each a ``Run`` whose step loads from ``self.load_side``), its section and its reports."""
 
-    runs_key: ClassVar[str]
     what: ClassVar[str]
     """The study's name in messages: "a consolidation study"."""
 
@@ -299,7 +266,7 @@ class TogetherStudy(Scenario):
         return problems
 
     @classmethod
-    def preflight(cls, plan: Plan) -> KernelBuild:
+    def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
         return preflight_members(plan)
 
     def __init__(
@@ -307,68 +274,38 @@ class TogetherStudy(Scenario):
     ) -> None:
         super().__init__(plan, out_dir, store, kernels, progress)
         self.member = plan.environments[0]
+        self.load_side = NativeEnvironment(LOAD_SIDE, NativeOptions(), out_dir / "environments" / LOAD_SIDE)
 
     # -- what a subclass gives
-    @abstractmethod
-    def runs(self) -> list[Run]:
-        """Every run of the study, in order."""
-
-    @abstractmethod
-    def record_start(self) -> None:
-        """``record_study_start`` with the study's tools, workloads and environment order."""
-
     @abstractmethod
     def baseline(self) -> str: ...
 
     @abstractmethod
-    def section(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def section_of(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
         """The scenario section of results.json from the stored run records."""
-
-    @abstractmethod
-    def write_reports(self, results: dict[str, Any]) -> None: ...
 
     def needs_network(self) -> bool:
         """Whether the load side joins virtlab's network before the runs (a served workload)."""
         return True
 
     # -- the frame
-    def run(self) -> StudyOutcome:
-        previous = signal.signal(signal.SIGTERM, raise_interrupt)
-        self.record_start()
-        self._put_study_summary("running")
-        self.store.clear_failures()
-        load_side = NativeEnvironment(LOAD_SIDE, NativeOptions(), self.out_dir / "environments" / LOAD_SIDE)
-        try:
-            load_side.provision(self.kernels)
-            if self.needs_network():
-                load_side.network_address()  # joined once here, not by the clients' threads at once
-            stored = self.store.get(self.runs_key, [])
-            done = {key for key in stored if (self.store.get(key) or {}).get("status") == "ok"}
-            todo = [run for run in self.runs() if run.key not in done]
-            self.progress.start(len(todo))
-            for run in todo:
-                self.progress.trial(run.label, run.what, "")
-                record = run.step(load_side)
-                self.store.put(run.key, {**record, "finished_at": now()})
-                keys = self.store.get(self.runs_key, [])
-                self.store.put(self.runs_key, [*(k for k in keys if k != run.key), run.key])
-                self.progress.advance()
-                self.write_outputs(reports=False)
-            self.store.put("status", "finished")
-        except KeyboardInterrupt:
-            self.outcome.interrupted = True
-            self.store.put("status", "interrupted")
-            self.progress.note("interrupted: every finished run is stored; continue with --resume")
-        finally:
-            load_side.teardown()
-            signal.signal(signal.SIGTERM, previous)
-            self.progress.stop()
-            metadata = self.store.get("metadata", {})
-            metadata["ended"] = now()
-            self.store.put("metadata", metadata)
-            self._put_study_summary(self.store.get("status"))
-            self.write_outputs(reports=True)
-        return self.outcome
+    def shape(self) -> StudyShape:
+        return StudyShape(trials=self.config.repeat, warmups=0, baseline=self.baseline(), order="sequential")
+
+    def prepare(self) -> None:
+        self.load_side.provision(self.kernels)
+        if self.needs_network():
+            self.load_side.network_address()  # joined once here, not by the clients' threads at once
+
+    def release(self) -> None:
+        self.load_side.teardown()
+
+    def timed_run(self, key: str, label: str, what: str, step: Callable[[], dict[str, Any]]) -> Run:
+        """A run whose record says when it finished."""
+        return Run(key, label, what, "", lambda: {**step(), "finished_at": now()})
+
+    def section(self, results: dict[str, Any]) -> dict[str, Any]:
+        return self.section_of(self.stored_runs())
 
     def store_instances(self, instances: Iterable[Instance]) -> None:
         store_instances(self.store, self.member, instances, self.outcome, self.progress)
@@ -379,26 +316,3 @@ class TogetherStudy(Scenario):
         workdir = self.out_dir / "environments" / safe
         workdir.mkdir(parents=True, exist_ok=True)
         return self.member.cls(safe, self.member.options, workdir)
-
-    def _put_study_summary(self, status: str) -> None:
-        study = self.plan.study
-        self.store.put(
-            "study",
-            {
-                "name": study.name, "description": study.description, "scenario": self.name,
-                "trials": self.config.repeat, "warmups": 0, "reduction": study.reduction,
-                "threshold_pct": study.threshold_pct, "baseline": self.baseline(),
-                "order": "sequential", "target_cov_pct": None, "plan_file": self.plan.source,
-                "plan_sha256": self.plan.sha256, "status": status,
-            },
-        )  # fmt: skip
-
-    def write_outputs(self, reports: bool) -> None:
-        """results.json with the scenario section (and the reports), rebuilt from the store."""
-        results = write_outputs(self.out_dir, self.store, reports=False)
-        results["scenario"] = self.section(
-            [self.store.get(key) or {} for key in self.store.get(self.runs_key, [])]
-        )
-        write_results_json(results, self.out_dir / "results.json")
-        if reports:
-            self.write_reports(results)

@@ -1,0 +1,384 @@
+"""The grid study: every environment x workload cell, trials interleaved, each stored as it ends.
+
+The data flows one way: plan -> schedule -> environment runs workload -> trial stored -> outputs
+rebuilt. A failing cell is stored with its log and the study goes on; the environments are torn
+down whatever happens (``Study`` owns the rest of the lifecycle). A cell of a network workload
+runs through the peer protocol (``virtlab.study.peers``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from virtlab import stats
+from virtlab.build import KernelBuild
+from virtlab.control import ControlError
+from virtlab.control.environment import EnvironmentControls, controls_for
+from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments._base import SETUP_WORKLOAD
+from virtlab.errors import InputError
+from virtlab.hostcache import drop_host_caches
+from virtlab.outputs import Throttle, write_outputs
+from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
+from virtlab.progress import ProgressSink
+from virtlab.samples import Sample
+from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
+from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
+from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.study.base import GRID, Study, StudyShape
+from virtlab.study.measure import error_log, measure_inside
+from virtlab.study.outcome import UNAVAILABLE, TrialFailure
+from virtlab.study.peers import measure_peers
+from virtlab.study.preflight import no_room, preflight
+from virtlab.usage import USAGE_KEY, StudyUsage, append_run
+from virtlab.workloads._peer import PeerWorkload
+
+OUTPUTS_EVERY_S = 30.0
+"""During a study results.json and results.csv are rewritten at most this often (results.sqlite
+has every trial at once; the end rewrites all), so that a trial costs the same in a long study."""
+
+
+class GridStudy(Study):
+    name = GRID
+    summary = "every environment x workload cell, trials interleaved, against the baseline"
+
+    @classmethod
+    def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
+        return preflight(plan, out_dir)
+
+    def __init__(
+        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
+    ) -> None:
+        super().__init__(plan, out_dir, store, kernels, progress)
+        self.environments: dict[str, Environment] = {}
+        self.controls: dict[str, EnvironmentControls] = {}
+        self.usage: StudyUsage | None = None
+        self._manifests: dict[str, dict[str, Any]] = {}
+        self.storage = SharedStorage(out_dir / "storage")
+        self._rewrite = Throttle(OUTPUTS_EVERY_S)
+        self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
+        # A network workload's senders and receivers are peers of its cells, not cells of it.
+        self.cells: list[Cell] = [
+            (env.name, w.name)
+            for w in plan.workloads
+            for env in plan.environments
+            if not isinstance(w.workload, PeerWorkload) or w.workload.runs_in(env.name)
+        ]
+
+    # -- the study's parts
+    def shape(self) -> StudyShape:
+        study = self.plan.study
+        return StudyShape(study.trials, study.warmups, self.plan.baseline, study.order, study.target_cov_pct)
+
+    def described_workloads(self) -> list[dict[str, Any]]:
+        return [spec.describe() for spec in self.plan.workloads]
+
+    def environment_order(self) -> list[str]:
+        return [env.name for env in self.plan.environments]
+
+    def execute(self) -> None:
+        self._show_notices()
+        if self.plan.study.cpu_sample_interval_s is not None:
+            self.usage = StudyUsage(self.plan.study.cpu_sample_interval_s)
+        self._provision_all()
+        self._start_storage()
+        self._check_room()
+        self._run_rounds()
+
+    def release(self) -> None:
+        self._teardown_all()
+        self._store_usage(final=True)
+
+    def _show_notices(self) -> None:
+        """What a peer workload's tools on this host tell before anything runs (a cipher this
+        OpenSSH does not offer), for a workload whose client runs on the native side."""
+        native = {env.name for env in self.plan.environments if env.kind == "native"}
+        for spec in self.plan.workloads:
+            workload = spec.workload
+            if not isinstance(workload, PeerWorkload):
+                continue
+            clients = {
+                link.client
+                for env in self.plan.environments
+                if workload.runs_in(env.name)
+                for link in workload.links(env.name, self.plan.baseline)
+            }
+            if clients & native:
+                for text in workload.notices():
+                    self.progress.note(f"workload {spec.name!r}: {text}")
+
+    # -- environments ------------------------------------------------------------------
+    def _provision_all(self) -> None:
+        for spec in self.plan.environments:
+            workdir = self.out_dir / "environments" / spec.name
+            workdir.mkdir(parents=True, exist_ok=True)
+            environment = spec.create(workdir)
+            environment.say = lambda line, env=spec.name: self.progress.trial(env, "provisioning", line[:80])
+            self.progress.note(f"provisioning {spec.name} ({spec.kind})")
+            controls = self._watch_host_side(spec, environment)
+            try:
+                environment.provision(self.kernels)
+                if controls is not None:
+                    controls.provisioned(environment)
+                manifest = environment.manifest()
+            except BaseException as error:
+                self._undo_controls(spec.name)
+                if self.usage is not None:
+                    self.usage.tearing_down(spec.name)
+                if not isinstance(error, (EnvironmentError_, OSError, RuntimeError)):
+                    environment.teardown()  # Ctrl-C mid-provisioning leaves nothing running
+                    raise
+                log = error_log(error)
+                self.store.put_environment(
+                    spec.name, spec.kind, spec.describe()["options"], "failed", None, str(error)
+                )
+                self.store.add_failure(
+                    FailureRecord(spec.name, None, None, "provision", str(error), log, time.time())
+                )
+                self.outcome.failed_environments.add(spec.name)
+                environment.teardown()
+                if self.usage is not None:
+                    self.usage.torn_down(spec.name)
+                continue
+            if controls is not None:
+                manifest = {**manifest, "control": controls.record()}
+            self._manifests[spec.name] = manifest
+            self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
+            if self.usage is not None:
+                self.usage.provisioned(spec.name)
+            self.environments[spec.name] = environment
+            self._store_setup_samples(spec.name, environment)
+
+    def _store_setup_samples(self, name: str, environment: Environment) -> None:
+        samples = environment.environment_samples()
+        if not samples:
+            return
+        # One "trial" per provisioning: a resumed study adds its own set-up as the next one.
+        index = self.store.trial_counts().get((name, SETUP_WORKLOAD), 0)
+        self.store.add_trial(TrialRecord(name, SETUP_WORKLOAD, index, time.time(), 0.0, tuple(samples)))
+
+    def _watch_host_side(self, spec: EnvironmentSpec, environment: Environment) -> EnvironmentControls | None:
+        """The plan's controls of the environment and the CPU sampling of its host processes, both
+        told of each host process as it starts (``Environment.process_started``)."""
+        scope, why_not = spec.cls.host_scope(spec.options)
+        controls = None
+        if spec.control is not None and scope is not None:
+            controls = self.controls[spec.name] = controls_for(spec.control, spec.name, scope)
+        if self.usage is not None:
+            self.usage.provisioning(spec.name, spec.kind, scope, why_not)
+        usage = self.usage
+
+        def started(pid: int) -> None:
+            try:
+                if controls is not None:
+                    controls.process_started(pid)
+                if usage is not None:
+                    usage.process_started(spec.name, environment, pid)
+            except Exception as error:  # noqa: BLE001 - must never break the command it reports
+                self.progress.note(f"{spec.name}: host process {pid}: {error}")
+
+        environment.process_started = started
+        if usage is not None and scope == "commands":
+            environment.process_ending = usage.process_ending
+        return controls
+
+    def _undo_controls(self, name: str) -> None:
+        controls = self.controls.pop(name, None)
+        if controls is None:
+            return
+        try:
+            controls.undo()
+        except (ControlError, OSError) as error:
+            self.progress.note(f"undoing the controls of {name} failed: {error}")
+        if name in self._manifests:  # what was applied over the whole study (native: every command)
+            manifest = {**self._manifests[name], "control": controls.record()}
+            spec = next(env for env in self.plan.environments if env.name == name)
+            self.store.put_environment(name, spec.kind, spec.describe()["options"], "ok", manifest)
+
+    def _store_usage(self, final: bool = False) -> None:
+        if self.usage is None:
+            return
+        run = self.usage.stop() if final else self.usage.record()
+        self.store.put(USAGE_KEY, append_run(self.store.get(USAGE_KEY), run))
+
+    def _teardown_all(self) -> None:
+        for environment in self.environments.values():
+            if self.usage is not None:
+                self.usage.tearing_down(environment.name)
+            self._undo_controls(environment.name)
+            try:
+                environment.teardown()
+            except Exception as error:  # noqa: BLE001 - teardown of one must not stop the others
+                self.progress.note(f"teardown of {environment.name} failed: {error}")
+            if self.usage is not None:
+                self.usage.torn_down(environment.name)
+        self.storage.stop()  # after the environments: each unmounts it first
+
+    def _start_storage(self) -> None:
+        """The NFS export, when a workload of the study works on it, mounted where such a workload
+        has a cell; what it is and where it is mounted goes into the study's metadata."""
+        on_nfs = {workload for workload, spec in self.workloads.items() if uses_nfs(spec.workload)}
+        users = {env: self.environments[env] for env, workload in self._runnable() if workload in on_nfs}
+        if not users:
+            return
+        self.storage.start(users, self.progress.note)
+        metadata = self.store.get("metadata", {})
+        metadata["storage"] = self.storage.describe() or {
+            "not_mounted": {name: str(problem) for name, problem in self.storage.problems.items()}
+        }
+        self.store.put("metadata", metadata)
+
+    def _check_room(self) -> None:
+        """Every cell's files fit where they go, asked of the running environments before the first
+        trial (a guest's free space is known only once it has booted): else one refusal with the
+        figures and the key to change, not a failure of every trial an hour later."""
+        counts, problems = self.store.trial_counts(), []
+        for env_name, workload_name in self._runnable():
+            workload = self.workloads[workload_name].workload
+            needed = getattr(workload, "required_space_mb", 0)
+            if (
+                not needed
+                or uses_nfs(workload)
+                or counts.get((env_name, workload_name), 0) >= self.plan.study.trials
+            ):
+                continue
+            directory = getattr(workload.params, "directory", ".")
+            free = self.environments[env_name].free_space_now_mb(directory)
+            if free is not None and free < needed:
+                kind = next(env.kind for env in self.plan.environments if env.name == env_name)
+                where = f"environment {env_name!r}, workload {workload_name!r}"
+                problems.append(no_room(where, kind, needed, directory, free))
+        if problems:
+            more = f" (and {len(problems) - 1} more cells)" if len(problems) > 1 else ""
+            raise InputError(
+                self.plan.source,
+                problems[0] + more,
+                "give the environment more room or make the file smaller",
+            )
+
+    # -- trials ------------------------------------------------------------------------
+    def _runnable(self) -> list[Cell]:
+        return [cell for cell in self.cells if cell[0] in self.environments]
+
+    def _run_rounds(self) -> None:
+        study = self.plan.study
+        rounds = plan_rounds(
+            self._runnable(),
+            self.store.trial_counts(),
+            study.first_trials,
+            study.warmups,
+            study.order,
+            study.seed,
+        )
+        self.progress.start(sum(len(tasks) for tasks in rounds))
+        self._run_tasks(rounds)
+        if study.target_cov_pct is None:
+            return
+        while True:
+            counts = self.store.trial_counts()
+            extra = cells_needing_more(self._spreads(), counts, study.target_cov_pct, study.trial_limit)
+            done = self.outcome.failed_cells | self.outcome.unavailable_cells
+            extra = [cell for cell in extra if cell not in done]
+            if not extra:
+                return
+            tasks = [Task(env, wl, counts[(env, wl)]) for env, wl in extra]
+            self.progress.add_total(len(tasks))
+            self._run_tasks([tasks])
+
+    def _spreads(self) -> dict[Cell, float | None]:
+        values: dict[tuple[str, str, str], list[float]] = {}
+        for record in self.store.trials():
+            for sample in record.samples:
+                values.setdefault((record.environment, record.workload, sample.metric), []).append(
+                    sample.value
+                )
+        spreads: dict[Cell, float | None] = {}
+        for (env, workload, _metric), series in values.items():
+            if (env, workload) not in self.cells:
+                continue  # the environments' own set-up figures are measured once, not repeated
+            cov = stats.summarize(series).cov
+            current = spreads.get((env, workload))
+            spreads[(env, workload)] = cov if current is None or (cov or 0) > current else current
+        return spreads
+
+    def _run_tasks(self, rounds: list[list[Task]]) -> None:
+        for tasks in rounds:
+            for task in tasks:
+                if task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells:
+                    self.progress.advance()
+                    continue
+                self.progress.trial(task.environment, task.workload, self._label(task))
+                self._run_task(task)
+                self.progress.advance()
+            if self._rewrite.due():
+                self._store_usage()
+                write_outputs(self.out_dir, self.store, reports=False)
+
+    def _label(self, task: Task) -> str:
+        if task.trial is None:
+            return task.label
+        planned = max(self.plan.study.first_trials, task.trial + 1)
+        return f"{task.label} of {planned}"
+
+    def _run_task(self, task: Task) -> None:
+        environment = self.environments[task.environment]
+        workload = self.workloads[task.workload].workload
+        started = time.time()
+        context: dict[str, Any] = {}
+        try:
+            try:
+                workload = self.storage.placed(task.environment, workload)
+            except StorageUnavailable as unavailable:
+                raise TrialFailure(str(unavailable), unavailable.log) from None
+            if workload.cache_sensitive:
+                context["host_cache"] = drop_host_caches()
+            steal_before = _steal(environment)
+            if self.usage is not None:
+                self.usage.trial_started(task.environment, task.workload, task.trial)
+            try:
+                if isinstance(workload, PeerWorkload):
+                    samples = self._measure_peers(task.environment, workload)
+                else:
+                    samples = measure_inside(environment, workload)
+            finally:
+                if self.usage is not None:
+                    self.usage.trial_ended(task.environment)
+            missed = self.controls[task.environment].problems() if task.environment in self.controls else []
+            if missed:
+                raise TrialFailure(f"the plan's controls did not apply: {missed[0]}", "\n".join(missed))
+            steal_after = _steal(environment)
+        except TrialFailure as failure:
+            unavailable = failure.phase == UNAVAILABLE
+            (self.outcome.unavailable_cells if unavailable else self.outcome.failed_cells).add(task.cell)
+            where = (task.environment, task.workload, task.trial, failure.phase)
+            self.store.add_failure(FailureRecord(*where, str(failure), failure.log, time.time()))
+            word = "NOT MEASURED" if unavailable else "FAILED"
+            self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {failure}")
+            return
+        if task.trial is not None:
+            elapsed = time.time() - started
+            if steal_before is not None and steal_after is not None:
+                context["steal_s"] = round(steal_after - steal_before, 3)
+            samples = [replace(sample, metadata={**sample.metadata, **context}) for sample in samples]
+            self.store.add_trial(
+                TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
+            )
+
+    # -- network workloads -------------------------------------------------------------
+    def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:
+        links = workload.links(cell, self.plan.baseline)
+        for name in sorted({name for link in links for name in (link.client, link.server)}):
+            if name not in self.environments:
+                raise TrialFailure(f"peer environment {name!r} is not running (its provisioning failed)", "")
+        return measure_peers(self.environments, links, workload)
+
+
+def _steal(environment: Environment) -> float | None:
+    """Steal time seen inside the environment; a failure to read it never fails the trial."""
+    try:
+        return environment.steal_s()
+    except (EnvironmentError_, OSError):
+        return None

@@ -1,0 +1,99 @@
+"""What is checked before a study runs: bad input is exit 2 with one message, not a failed cell an
+hour later. The grid's checks (peers named, controls against the host, every environment able to
+run every workload, files that fit, NFS), and the C kernels every study builds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from virtlab import nfs
+from virtlab.build import BuildError, KernelBuild, build_kernels
+from virtlab.control import validate_against_host
+from virtlab.errors import InputError
+from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
+from virtlab.storage import uses_nfs
+from virtlab.workloads._peer import PeerWorkload
+
+
+def space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> list[str]:
+    """A storage workload whose files do not fit in its directory, as its environment will see it,
+    fails now, not after an hour of other cells (where the room cannot be known before, the
+    kernel refuses at run time with the figures)."""
+    needed = getattr(spec.workload, "required_space_mb", 0)
+    directory = getattr(spec.workload.params, "directory", None)
+    if not needed or directory is None:
+        return []
+    where = f"environment {env.name!r}, workload {spec.name!r}"
+    try:
+        free_mb = env.cls.free_space_mb(env.options, directory, out_dir / "environments" / env.name)
+    except OSError as error:
+        return [f"{where}: directory {directory!r}: {error.strerror}"]
+    if free_mb is None or free_mb >= needed:
+        return []
+    return [no_room(where, env.kind, needed, directory, free_mb)]
+
+
+def no_room(where: str, kind: str, needed: int, directory: str, free_mb: int) -> str:
+    """The refusal of a file that does not fit: the figures, and for a VM the key that gives room."""
+    room = " (a VM: set disk_size_mb, the guest's disk)" if kind in ("vm", "libvirt") else ""
+    return f"{where}: needs {needed} MiB free in {directory!r}, which has {free_mb} MiB{room}"
+
+
+def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
+    """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell.
+    ``out_dir``: the results directory, where containers and VMs will keep their files."""
+    names = [env.name for env in plan.environments]
+    for spec in plan.workloads:
+        if isinstance(spec.workload, PeerWorkload):
+            for peer in spec.workload.peer_names():
+                if peer not in names:
+                    raise InputError(
+                        plan.source,
+                        f"workload {spec.name!r}: no environment named {peer!r} (its peer)",
+                        f"use one of: {', '.join(names)}",
+                    )
+    problems, space = [], []
+    for env in plan.environments:
+        if env.control is not None:
+            vcpus = getattr(env.options, "vcpus", None)
+            problems += [
+                f"environment {env.name!r}: control: {p}"
+                for p in validate_against_host(env.control, vcpus=vcpus)
+            ]
+        for workload in plan.workloads:
+            for problem in env.cls.preflight(env.options, workload.workload.tools):
+                problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
+            if not uses_nfs(workload.workload):
+                space += space_problems(env, workload, out_dir or Path("results"))
+    if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
+        problems.append(f'storage = "nfs": {nfs.missing()}')
+    if problems:
+        raise InputError(
+            plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
+        )
+    if space:
+        raise InputError(
+            plan.source, space[0], "make the workload's file smaller or give it a place with room"
+        )
+    return kernels_for(plan)
+
+
+def kernels_for(plan: Plan) -> KernelBuild:
+    """The C kernels (and Java programs) built, each workload of ``plan`` finding what it needs:
+    else one InputError, before anything runs."""
+    try:
+        kernels = build_kernels()
+    except BuildError as error:
+        raise InputError(
+            "virtlab kernels", str(error), "apt-get install build-essential libgmp-dev libmpfr-dev"
+        ) from None
+    # A program the host could not build (a Java workload without a JDK) is missing everywhere.
+    missing = [
+        f"workload {spec.name!r} needs {problem}"
+        for spec in plan.workloads
+        for problem in kernels.missing_programs(spec.workload.kernels)
+    ]
+    if missing:
+        raise InputError(plan.source, missing[0], "install it, or drop the workload")
+    return kernels
