@@ -10,7 +10,7 @@ before the figures.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,3 +117,25 @@ def write_reports(report: ScenarioReport, results: Mapping[str, Any], out_dir: P
     for path, text in zip(paths, (render_markdown(report), render_html(report, results)), strict=True):
         _write_atomic(path, text)
     return paths
+
+
+def renderers(
+    build: Callable[[Mapping[str, Any]], ScenarioReport],
+) -> tuple[
+    Callable[[Mapping[str, Any]], str],
+    Callable[[Mapping[str, Any]], str],
+    Callable[[Mapping[str, Any], Path], list[Path]],
+]:
+    """A scenario's three entry points from the function that builds its report from results.json:
+    the Markdown, the HTML, and both written into a directory."""
+
+    def markdown(results: Mapping[str, Any]) -> str:
+        return render_markdown(build(results))
+
+    def html(results: Mapping[str, Any]) -> str:
+        return render_html(build(results), results)
+
+    def write(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
+        return write_reports(build(results), results, out_dir)
+
+    return markdown, html, write

@@ -63,11 +63,12 @@ from virtlab.control.priority import find_cpu_cgroup, parse_proc_cgroup
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
-from virtlab.export.priority import build_section, write_priority_reports
+from virtlab.export.priority import write_priority_reports
 from virtlab.export.tabular import write_results_json
 from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.priority import build_section
 from virtlab.runner import StudyOutcome, kernels_for, record_study_start
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
