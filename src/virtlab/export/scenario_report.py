@@ -10,6 +10,7 @@ before the figures.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from markupsafe import Markup
 from virtlab.export.charts import Chart
 from virtlab.export.html import _environment
 from virtlab.export.markdown import _failure, _section, escape, not_measured
-from virtlab.export.tables import Report, Table, build_report
+from virtlab.export.tables import MISSING, Cell, Report, Table, build_report, format_value
 from virtlab.export.tabular import _write_atomic
 
 
@@ -58,6 +59,25 @@ class ScenarioReport:
 def settings(options: Mapping[str, Any]) -> str:
     """``key = value`` of every option that is set, for a report's notes."""
     return ", ".join(f"{key} = {value}" for key, value in options.items() if value is not None)
+
+
+def number(value: float | None, decimals: int, *, thousands: bool = False, signed: bool = False) -> Cell:
+    """A figure of a scenario's table to ``decimals`` places; a dash where it is missing (or not finite)."""
+    if value is None or not math.isfinite(value):
+        return Cell(MISSING, "missing")
+    spec = f"{'+' if signed else ''}{',' if thousands else ''}.{decimals}f"
+    return Cell(format(value, spec), "num")
+
+
+def total_cell(total: float | None, ci95: tuple[float, float] | None, decimals: int) -> Cell:
+    """A mean total ± half its 95% CI where it has one (from two runs on)."""
+    if total is not None and ci95 is not None:
+        return Cell(format_value(total, half_width(ci95)), "num")
+    return number(total, decimals, thousands=True)
+
+
+def half_width(ci95: tuple[float, float] | None) -> float:
+    return (ci95[1] - ci95[0]) / 2 if ci95 else 0.0
 
 
 def scenario_report(results: Mapping[str, Any], **parts: Any) -> ScenarioReport:

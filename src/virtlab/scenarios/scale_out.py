@@ -41,9 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.build import KernelBuild
 from virtlab.environments import Environment
-from virtlab.export.scale_out import build_section, write_scale_out_reports
+from virtlab.export.scale_out import write_scale_out_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.scale_out import build_section
 from virtlab.runner import record_study_start
 from virtlab.scenarios import PlanProblem, register_scenario
 from virtlab.scenarios._together import Instance, Run, TogetherStudy, run_together, with_duration
