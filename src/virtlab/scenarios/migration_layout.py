@@ -62,13 +62,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
-from virtlab.export.numa import build_section, write_migration_layout_reports
+from virtlab.export.numa import write_migration_layout_reports
 from virtlab.export.tabular import write_results_json
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
 from virtlab.outputs import write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.migration_layout import build_section
 from virtlab.runner import StudyOutcome, kernels_for, record_study_start
 from virtlab.scenarios import PlanProblem, Scenario, register_scenario
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
