@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from marks import needs_runc
-from virtlab.export.consolidation import build_section, render_consolidation_markdown
+from virtlab.export.consolidation import render_consolidation_markdown
+from virtlab.results.consolidation import build_section
 from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]

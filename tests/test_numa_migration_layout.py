@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 from virtlab.cli import app
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
-from virtlab.export.numa import build_section, case_charts, residents_table, timeline_table
+from virtlab.export.numa import case_charts, residents_table, timeline_table
 from virtlab.numa import figures
 from virtlab.plan import load_plan, parse_plan
+from virtlab.results.migration_layout import MigrationLayoutSection, build_section
 from virtlab.scenarios.migration_layout import MigrationLayoutConfig, resolve_backend
 
 PLAN = Path(str(resources.files("virtlab") / "plans" / "migration-layout.toml"))
@@ -146,15 +147,16 @@ def test_section_rows_and_tables_from_fixed_runs():
     assert resident["proposal"] == pytest.approx(-20.0) and resident["default"] == 0.0
     assert resident["proposal_vs_default_pct"] == pytest.approx(-20.0)
     assert section["model"] is None and section["notes"] == ["asked", "a note", "miss counts: model"]
-    residents = residents_table(section)
+    model = MigrationLayoutSection.from_dict(section)
+    residents = residents_table(model)
     assert [c.text for c in residents.rows[0]][-2:] == ["-20.0", "-10.0"]
-    timeline = timeline_table(section)
+    timeline = timeline_table(model)
     first = [c.text for c in timeline.rows[0]]
     assert first[0] == "c / proposal" and first[-5] == "0" and first[-2] == "1 passed, failed: resident-0"
     # the migrated VM's memory by its program's own check, per run
     assert [[c.text for c in r][-1] for r in timeline.rows] == ["intact", "corrupt", "corrupt"]
     assert "pin x2, bind_ram x1" in first
-    (chart,) = case_charts(section)
+    (chart,) = case_charts(model)
     assert chart.svg.startswith("<svg") and "Figures 5-6" in chart.title
 
 

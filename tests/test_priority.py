@@ -18,20 +18,20 @@ import pytest
 
 from virtlab import network
 from virtlab.errors import InputError
-from virtlab.export.priority import (
+from virtlab.export.priority import render_priority_html, render_priority_markdown
+from virtlab.export.usage import usage_series
+from virtlab.plan import load_plan, parse_plan
+from virtlab.results.priority import (
     SIGN_CONVENTION,
     build_section,
     change_pct,
     default_compare,
     phase_spans,
     phase_summary,
-    render_priority_html,
-    render_priority_markdown,
     table2_rows,
     table3_rows,
 )
-from virtlab.export.usage import usage_series
-from virtlab.plan import load_plan, parse_plan
+from virtlab.results.usage import ProcessSeries, Timeline
 from virtlab_cli import virtlab, virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,19 +139,22 @@ TIMELINE = {
 
 
 def test_usage_is_stacked_on_a_common_grid():
-    ends, usage = usage_series(TIMELINE, ["a", "b"])
+    ends, usage = usage_series(Timeline.from_dict(TIMELINE), ["a", "b"])
     assert ends == [1.0, 2.0, 3.0, 4.0]
     assert usage["a"] == pytest.approx([100.0, 100.0, 100.0, 100.0])
     assert usage["b"] == pytest.approx([0.0, 25.0, 50.0, 0.0])  # 0 before its start, flat after its exit
-    _, missing = usage_series(TIMELINE, ["c"])
+    _, missing = usage_series(Timeline.from_dict(TIMELINE), ["c"])
     assert missing["c"] == [0.0] * 4
 
 
 def test_phase_spans_and_summary():
     b = TIMELINE["processes"][1]
-    assert phase_spans(b) == [("setup", 1.5, 2.5), ("run", 2.5, 3.0)]  # set-up from the process start
+    assert phase_spans(ProcessSeries.from_dict(b)) == [
+        ("setup", 1.5, 2.5),
+        ("run", 2.5, 3.0),
+    ]  # set-up from the process start
     b = {**b, "by_phase_cpu_s": {"setup": 0.0, "run": 0.5}}
-    summary = phase_summary(b)
+    summary = phase_summary(ProcessSeries.from_dict(b))
     assert summary["run"] == {"wall_s": 0.5, "cpu_s": 0.5, "usage_pct": 100.0}
     assert summary["setup"]["cpu_s"] == 0.25  # what it used before its first reading counts as set-up
 

@@ -12,12 +12,8 @@ from pathlib import Path
 import pytest
 
 from marks import needs_runc
-from virtlab.export.scale_out import (
-    build_section,
-    render_scale_out_html,
-    render_scale_out_markdown,
-    run_total,
-)
+from virtlab.export.scale_out import render_scale_out_html, render_scale_out_markdown
+from virtlab.results.scale_out import build_section, run_total
 from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,10 +20,10 @@ from marks import host_fact, needs_root, needs_runc
 from virtlab.export.usage import (
     environment_series,
     host_series,
-    phase_cpu,
     usage_chart,
     usage_table,
 )
+from virtlab.results.usage import CpuUsage, Timeline, UsageRun
 from virtlab.sampler import (
     CLK_TCK,
     CpuSampler,
@@ -80,7 +80,11 @@ def process(name, times, totals, marks, started=None, **extra):
     }  # fmt: skip
 
 
-def fixed_run() -> dict:
+def fixed_run() -> UsageRun:
+    return UsageRun.from_dict(fixed_run_dict())
+
+
+def fixed_run_dict() -> dict:
     """A VM busy during its trial, a native environment with two commands, an SSH host."""
     marks = [(0.5, "boot"), (2.0, "idle"), (2.0, "trial")]
     vm = process(
@@ -133,26 +137,40 @@ def test_each_environment_is_one_line_on_a_common_grid():
     # native: both commands on one line, each where it ran
     assert lines["native"] == pytest.approx([0.0, 100.0, 0.0, 50.0])
     # the whole host's busy CPU per interval, % of one core
-    assert host_series(fixed_run()["timeline"]) == pytest.approx([100.0, 150.0, 150.0, 150.0])
+    assert host_series(fixed_run().timeline) == pytest.approx([100.0, 150.0, 150.0, 150.0])
 
 
 def test_the_host_line_is_missing_outside_its_readings():
-    timeline = fixed_run()["timeline"]
+    timeline = fixed_run_dict()["timeline"]
     timeline["host"] = {**timeline["host"], "times_s": [1.0, 2.0, 3.0, 4.0]}
     timeline["host"] = {k: v[1:] if isinstance(v, list) else v for k, v in timeline["host"].items()}
     timeline["host"]["times_s"] = [1.0, 2.0, 3.0, 4.0]
-    series = host_series(timeline)
+    series = host_series(Timeline.from_dict(timeline))
     assert math.isnan(series[0]) and series[1:] == pytest.approx([150.0, 150.0, 150.0])
-    assert host_series({**timeline, "host": None}) is None
+    assert host_series(Timeline.from_dict({**timeline, "host": None})) is None
 
 
 def test_phases_add_the_cpu_before_the_first_reading_to_the_first_phase():
     run = fixed_run()
-    vm = phase_cpu(run, run["environments"][0])
-    assert vm["boot"] == pytest.approx({"wall_s": 1.6, "cpu_s": 1.1})  # 1.0 + 0.1 before the first reading
-    assert vm["trial"] == pytest.approx({"wall_s": 1.0, "cpu_s": 1.1})
-    native = phase_cpu(run, run["environments"][1])
-    assert native["trial"] == pytest.approx({"wall_s": 2.0, "cpu_s": 1.5})
+    vm = run.environments[0].phases
+    assert (vm["boot"].wall_s, vm["boot"].cpu_s) == pytest.approx(
+        (1.6, 1.1)
+    )  # 1.0 + 0.1 before the first reading
+    assert (vm["trial"].wall_s, vm["trial"].cpu_s) == pytest.approx((1.0, 1.1))
+    native = run.environments[1].phases
+    assert (native["trial"].wall_s, native["trial"].cpu_s) == pytest.approx((2.0, 1.5))
+
+
+def test_the_section_model_keeps_the_runs_with_a_timeline():
+    snapshot = {"started_at": "b", "interval_s": 1.0, "environments": [], "timeline": None}
+    usage = CpuUsage.from_dict({"runs": [fixed_run_dict(), snapshot]})
+    (run,) = usage.runs  # a record without a timeline is not drawn
+    assert run.started_at == "2026-11-23T00:00:00+00:00" and run.interval_s == 1.0
+    assert [e.name for e in run.environments] == ["vm", "native", "remote"]
+    assert run.environments[2].phases == {} and run.environments[2].source is None
+    assert run.timeline.process("native#2").started_s == 3.0 and run.timeline.process("nope") is None
+    assert run.timeline.host is not None and run.timeline.host.cpus == 2
+    assert CpuUsage.from_dict(None).runs == () and CpuUsage.from_dict({}).runs == ()
 
 
 def test_the_table_says_what_was_sampled_and_why_not():

@@ -10,7 +10,8 @@ before the figures.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from markupsafe import Markup
 from virtlab.export.charts import Chart
 from virtlab.export.html import _environment
 from virtlab.export.markdown import _failure, _section, escape, not_measured
-from virtlab.export.tables import Report, Table, build_report
+from virtlab.export.tables import MISSING, Cell, Report, Table, build_report, format_value
 from virtlab.export.tabular import _write_atomic
 
 
@@ -58,6 +59,25 @@ class ScenarioReport:
 def settings(options: Mapping[str, Any]) -> str:
     """``key = value`` of every option that is set, for a report's notes."""
     return ", ".join(f"{key} = {value}" for key, value in options.items() if value is not None)
+
+
+def number(value: float | None, decimals: int, *, thousands: bool = False, signed: bool = False) -> Cell:
+    """A figure of a scenario's table to ``decimals`` places; a dash where it is missing (or not finite)."""
+    if value is None or not math.isfinite(value):
+        return Cell(MISSING, "missing")
+    spec = f"{'+' if signed else ''}{',' if thousands else ''}.{decimals}f"
+    return Cell(format(value, spec), "num")
+
+
+def total_cell(total: float | None, ci95: tuple[float, float] | None, decimals: int) -> Cell:
+    """A mean total ± half its 95% CI where it has one (from two runs on)."""
+    if total is not None and ci95 is not None:
+        return Cell(format_value(total, half_width(ci95)), "num")
+    return number(total, decimals, thousands=True)
+
+
+def half_width(ci95: tuple[float, float] | None) -> float:
+    return (ci95[1] - ci95[0]) / 2 if ci95 else 0.0
 
 
 def scenario_report(results: Mapping[str, Any], **parts: Any) -> ScenarioReport:
@@ -117,3 +137,25 @@ def write_reports(report: ScenarioReport, results: Mapping[str, Any], out_dir: P
     for path, text in zip(paths, (render_markdown(report), render_html(report, results)), strict=True):
         _write_atomic(path, text)
     return paths
+
+
+def renderers(
+    build: Callable[[Mapping[str, Any]], ScenarioReport],
+) -> tuple[
+    Callable[[Mapping[str, Any]], str],
+    Callable[[Mapping[str, Any]], str],
+    Callable[[Mapping[str, Any], Path], list[Path]],
+]:
+    """A scenario's three entry points from the function that builds its report from results.json:
+    the Markdown, the HTML, and both written into a directory."""
+
+    def markdown(results: Mapping[str, Any]) -> str:
+        return render_markdown(build(results))
+
+    def html(results: Mapping[str, Any]) -> str:
+        return render_html(build(results), results)
+
+    def write(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
+        return write_reports(build(results), results, out_dir)
+
+    return markdown, html, write

@@ -31,6 +31,7 @@ from virtlab.export.charts import (
     to_svg,
 )
 from virtlab.export.tables import MISSING, Cell, Table, baseline_name
+from virtlab.results.usage import CpuUsage, PhaseCpu, ProcessSeries, Timeline, UsageRun
 from virtlab.usage import USAGE_KEY
 
 PHASE_COLOURS = {
@@ -63,14 +64,14 @@ CAPTION = (
 # --------------------------------------------------------------------------
 
 
-def cumulative_at(process: Mapping[str, Any], grid: Sequence[float]) -> np.ndarray:
+def cumulative_at(process: ProcessSeries, grid: Sequence[float]) -> np.ndarray:
     """The process's cumulative CPU seconds at each time of ``grid``: 0 at its start, linear between
     readings (the CPU is assumed even within one interval), flat after its last reading."""
-    times = list(process.get("times_s") or [])
-    totals = list(process.get("cpu_total_s") or [])
+    times = list(process.times_s)
+    totals = list(process.cpu_total_s)
     if not times:
         return np.zeros(len(grid))
-    started = process.get("started_s")
+    started = process.started_s
     if started is not None and started < times[0]:
         times, totals = [started, *times], [0.0, *totals]
         left = 0.0
@@ -79,10 +80,10 @@ def cumulative_at(process: Mapping[str, Any], grid: Sequence[float]) -> np.ndarr
     return np.interp(np.asarray(grid, dtype=float), times, totals, left=left, right=totals[-1])
 
 
-def time_grid(timeline: Mapping[str, Any]) -> list[float]:
+def time_grid(timeline: Timeline) -> list[float]:
     """Every ``interval_s`` from 0 to the end of the sampling, the end included."""
-    interval = float(timeline.get("interval_s") or 1.0)
-    end = float(timeline.get("duration_s") or 0.0)
+    interval = timeline.interval_s
+    end = timeline.duration_s
     steps = int(math.floor(end / interval + 1e-9))
     grid = [round(k * interval, 6) for k in range(steps + 1)]
     if not grid or grid[-1] < end - 1e-9:
@@ -90,17 +91,14 @@ def time_grid(timeline: Mapping[str, Any]) -> list[float]:
     return grid
 
 
-def usage_series(
-    timeline: Mapping[str, Any], names: Sequence[str]
-) -> tuple[list[float], dict[str, list[float]]]:
+def usage_series(timeline: Timeline, names: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
     """(interval ends, {name: CPU usage in % of one core over each interval}) on a grid shared by
     every process, so that the bands can be stacked."""
     grid = time_grid(timeline)
-    processes = {p["name"]: p for p in timeline.get("processes") or []}
     spans = np.diff(np.asarray(grid, dtype=float))
     out: dict[str, list[float]] = {}
     for name in names:
-        process = processes.get(name)
+        process = timeline.process(name)
         if process is None or len(grid) < 2:
             out[name] = [0.0] * max(0, len(grid) - 1)
             continue
@@ -109,11 +107,12 @@ def usage_series(
     return grid[1:], out
 
 
-def host_series(timeline: Mapping[str, Any]) -> list[float] | None:
+def host_series(timeline: Timeline) -> list[float] | None:
     """The whole host's busy CPU in % of one core over each interval of ``time_grid``; None when the
     timeline has no host readings (an older one)."""
-    host = timeline.get("host") or {}
-    times, busy = list(host.get("times_s") or []), list(host.get("busy_s") or [])
+    if timeline.host is None:
+        return None
+    times, busy = list(timeline.host.times_s), list(timeline.host.busy_s)
     grid = time_grid(timeline)
     if len(times) < 2 or len(grid) < 2:
         return None
@@ -130,57 +129,24 @@ def host_series(timeline: Mapping[str, Any]) -> list[float] | None:
 # --------------------------------------------------------------------------
 
 
-def usage_runs(results: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The sampled runs of a study (one per start, --resume adds one), oldest first."""
-    usage = results.get(USAGE_KEY) or {}
-    return [run for run in usage.get("runs") or [] if run.get("timeline")]
-
-
-def environment_series(run: Mapping[str, Any]) -> tuple[list[float], dict[str, list[float]]]:
+def environment_series(run: UsageRun) -> tuple[list[float], dict[str, list[float]]]:
     """(interval ends, {environment: its processes' usage summed, % of one core}) for the sampled
     environments (native: all its commands on one line)."""
-    timeline = run["timeline"]
-    sampled = [env for env in run.get("environments") or [] if env.get("source")]
-    names = [p for env in sampled for p in env.get("processes") or []]
-    ends, per_process = usage_series(timeline, names)
+    sampled = [env for env in run.environments if env.source]
+    names = [p for env in sampled for p in env.processes]
+    ends, per_process = usage_series(run.timeline, names)
     out = {}
     for env in sampled:
-        lines = [per_process[p] for p in env.get("processes") or []]
-        out[env["name"]] = (
-            [round(sum(v), 3) for v in zip(*lines, strict=True)] if lines else [0.0] * len(ends)
-        )
+        lines = [per_process[p] for p in env.processes]
+        out[env.name] = [round(sum(v), 3) for v in zip(*lines, strict=True)] if lines else [0.0] * len(ends)
     return ends, out
 
 
-def phase_cpu(run: Mapping[str, Any], environment: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """Per phase of one environment: its wall seconds (the spans) and the CPU seconds of its host
-    processes (what a process used before its first reading counts in its first phase)."""
-    out: dict[str, dict[str, float]] = {}
-    for span in environment.get("spans") or []:
-        if span.get("end_s") is None:
-            continue
-        entry = out.setdefault(span["phase"], {"wall_s": 0.0, "cpu_s": 0.0})
-        entry["wall_s"] += span["end_s"] - span["start_s"]
-    processes = {p["name"]: p for p in run["timeline"].get("processes") or []}
-    for name in environment.get("processes") or []:
-        process = processes.get(name)
-        if process is None:
-            continue
-        for phase, cpu in (process.get("by_phase_cpu_s") or {}).items():
-            out.setdefault(phase, {"wall_s": 0.0, "cpu_s": 0.0})["cpu_s"] += cpu
-        marks = process.get("marks") or []
-        first = marks[0]["phase"] if marks else "unmarked"
-        totals = process.get("cpu_total_s") or []
-        if totals:
-            out.setdefault(first, {"wall_s": 0.0, "cpu_s": 0.0})["cpu_s"] += totals[0]
-    return out
-
-
-def _cpu_cell(entry: Mapping[str, float] | None) -> Cell:
-    if not entry or (entry["cpu_s"] == 0 and entry["wall_s"] == 0):
+def _cpu_cell(entry: PhaseCpu | None) -> Cell:
+    if entry is None or (entry.cpu_s == 0 and entry.wall_s == 0):
         return Cell(MISSING, "missing")
-    usage = 100.0 * entry["cpu_s"] / entry["wall_s"] if entry["wall_s"] > 0 else None
-    text = f"{entry['cpu_s']:.2f} s" + (f" ({usage:.0f} %)" if usage is not None else "")
+    usage = entry.usage_pct
+    text = f"{entry.cpu_s:.2f} s" + (f" ({usage:.0f} %)" if usage is not None else "")
     return Cell(text, "num")
 
 
@@ -191,43 +157,43 @@ _SOURCE_WORDS = {
 }
 
 
-def usage_table(run: Mapping[str, Any], number: int | None = None) -> Table:
+def usage_table(run: UsageRun, number: int | None = None) -> Table:
     """Per environment: what was sampled, its host CPU in each phase and over the whole run (CPU
     seconds, and the mean % of one core over the phase's wall time); a last row for the whole host."""
     shown = ("boot", "idle", "trial", "teardown")
     rows = []
-    for env in run.get("environments") or []:
-        if not env.get("source"):
-            reason = str(env.get("unavailable") or "not sampled")
+    for env in run.environments:
+        if not env.source:
+            reason = str(env.unavailable or "not sampled")
             missing = [Cell(MISSING, "missing") for _ in (*shown, "run")]
-            rows.append((Cell(env["name"], "label"), Cell(reason), *missing))
+            rows.append((Cell(env.name, "label"), Cell(reason), *missing))
             continue
-        phases = phase_cpu(run, env)
-        whole = {
-            "cpu_s": sum(e["cpu_s"] for e in phases.values()),
-            "wall_s": sum(e["wall_s"] for p, e in phases.items() if p != "setup"),
-        }
-        what = _SOURCE_WORDS.get(str(env["source"]), str(env["source"]))
-        notes = "; ".join(env.get("notes") or [])
+        phases = env.phases
+        whole = PhaseCpu(
+            cpu_s=sum(e.cpu_s for e in phases.values()),
+            wall_s=sum(e.wall_s for p, e in phases.items() if p != "setup"),
+        )
+        what = _SOURCE_WORDS.get(env.source, env.source)
+        notes = "; ".join(env.notes)
         rows.append(
             (
-                Cell(env["name"], "label"),
+                Cell(env.name, "label"),
                 Cell(what + (f" ({notes})" if notes else "")),
                 *(_cpu_cell(phases.get(phase)) for phase in shown),
                 _cpu_cell(whole),
             )
         )
-    host = run["timeline"].get("host") or {}
-    if len(host.get("times_s") or []) >= 2:
-        wall = host["times_s"][-1] - host["times_s"][0]
-        busy = host["busy_s"][-1] - host["busy_s"][0]
-        steal = host["steal_s"][-1] - host["steal_s"][0]
-        what = f"/proc/stat: every process, {host.get('cpus')} CPUs"
+    host = run.timeline.host
+    if host is not None and len(host.times_s) >= 2:
+        wall = host.times_s[-1] - host.times_s[0]
+        busy = host.busy_s[-1] - host.busy_s[0]
+        steal = host.steal_s[-1] - host.steal_s[0]
+        what = f"/proc/stat: every process, {host.cpus} CPUs"
         if steal >= 0.01:
             what += f"; {steal:.2f} s stolen by the hypervisor"
         blank = [Cell("") for _ in shown]
         rows.append(
-            (Cell("whole host", "label"), Cell(what), *blank, _cpu_cell({"cpu_s": busy, "wall_s": wall}))
+            (Cell("whole host", "label"), Cell(what), *blank, _cpu_cell(PhaseCpu(wall_s=wall, cpu_s=busy)))
         )
     suffix = f" (run {number})" if number is not None else ""
     return Table(
@@ -240,26 +206,26 @@ def usage_table(run: Mapping[str, Any], number: int | None = None) -> Table:
     )
 
 
-def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, title: str) -> Chart:
+def usage_chart(run: UsageRun, colours: Mapping[str, str], key: str, title: str) -> Chart:
     """One line per environment (its host processes' CPU over time), the whole host dashed, the
     trials shaded in the colour of their environment; below, each environment's phases."""
-    timeline = run["timeline"]
+    timeline = run.timeline
     ends, lines = environment_series(run)
     starts = [0.0, *ends[:-1]]
     host = host_series(timeline)
-    environments = list(run.get("environments") or [])
-    names = [env["name"] for env in environments]
-    cpus = int((timeline.get("host") or {}).get("cpus") or 0)
+    environments = run.environments
+    names = [env.name for env in environments]
+    cpus = int(timeline.host.cpus or 0) if timeline.host else 0
     xs = [t for pair in zip(starts, ends, strict=True) for t in pair]
     with matplotlib.rc_context(RC_PARAMS):
         fig = new_figure(11.0, 3.4 + 0.22 * len(names))
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[4, 0.5 + 0.3 * len(names)])
         top.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
         for env in environments:
-            colour = colours.get(env["name"], PALETTE[0])
-            for span in env.get("spans") or []:
-                if span["phase"] == "trial" and span.get("end_s") is not None:
-                    top.axvspan(span["start_s"], span["end_s"], color=colour, alpha=0.08, lw=0)
+            colour = colours.get(env.name, PALETTE[0])
+            for span in env.spans:
+                if span.phase == "trial" and span.end_s is not None:
+                    top.axvspan(span.start_s, span.end_s, color=colour, alpha=0.08, lw=0)
         for name, values in lines.items():
             steps = [v for v in values for _ in (0, 1)]  # each interval's usage held over it, as measured
             if xs:
@@ -278,19 +244,19 @@ def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, ti
         top.yaxis.grid(True, color=GRID_COLOUR)
         top.legend(frameon=False, loc="upper right", ncols=min(len(lines) + 1, 4), fontsize=8)
         for row, env in enumerate(environments):
-            for span in env.get("spans") or []:
-                if span.get("end_s") is None:
+            for span in env.spans:
+                if span.end_s is None:
                     continue
                 bottom.barh(
-                    row, span["end_s"] - span["start_s"], left=span["start_s"], height=0.7,
-                    color=PHASE_COLOURS.get(span["phase"], "#d1d5db"), lw=0,
+                    row, span.end_s - span.start_s, left=span.start_s, height=0.7,
+                    color=PHASE_COLOURS.get(span.phase, "#d1d5db"), lw=0,
                 )  # fmt: skip
         bottom.set_yticks(range(len(names)), [plain(n) for n in names], fontsize=8)
         bottom.invert_yaxis()
         bottom.set_xlabel("time since the study started (s)")
         handles = [Patch(color=PHASE_COLOURS[p], label=PHASE_WORDS[p]) for p in PHASE_COLOURS]
         bottom.legend(handles=handles, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-        bottom.set_xlim(0, float(timeline.get("duration_s") or (ends[-1] if ends else 1.0)) or 1.0)
+        bottom.set_xlim(0, timeline.duration_s or (ends[-1] if ends else 1.0) or 1.0)
         return Chart(key=key, title=title, kind="usage", svg=to_svg(fig, key))
 
 
@@ -299,34 +265,32 @@ def usage_chart(run: Mapping[str, Any], colours: Mapping[str, str], key: str, ti
 # --------------------------------------------------------------------------
 
 
-def _colours(results: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, str]:
+def _colours(results: Mapping[str, Any], run: UsageRun) -> dict[str, str]:
     baseline = baseline_name(results)
-    names = [env["name"] for env in run.get("environments") or []]
+    names = [env.name for env in run.environments]
     others = iter(PALETTE * (len(names) // len(PALETTE) + 1))
     return {name: "#6b7280" if name == baseline else next(others) for name in names}
 
 
-def usage_caption(results: Mapping[str, Any]) -> str:
-    runs = usage_runs(results)
-    interval = runs[0].get("interval_s") if runs else None
+def usage_caption(usage: CpuUsage) -> str:
+    interval = usage.runs[0].interval_s if usage.runs else None
     text = CAPTION.format(interval=f"{interval:g}" if interval else "?")
-    if len(runs) > 1:
-        text += f" The study was started {len(runs)} times (--resume): one chart per run."
+    if len(usage.runs) > 1:
+        text += f" The study was started {len(usage.runs)} times (--resume): one chart per run."
     return text
 
 
-def usage_tables(results: Mapping[str, Any]) -> list[Table]:
-    runs = usage_runs(results)
+def usage_tables(usage: CpuUsage) -> list[Table]:
+    runs = usage.runs
     return [usage_table(run, i if len(runs) > 1 else None) for i, run in enumerate(runs, 1)]
 
 
-def usage_charts(results: Mapping[str, Any]) -> list[Chart]:
-    runs = usage_runs(results)
+def usage_charts(results: Mapping[str, Any], usage: CpuUsage) -> list[Chart]:
     charts = []
-    for i, run in enumerate(runs, 1):
+    for i, run in enumerate(usage.runs, 1):
         title = "CPU usage of each environment's host processes over time"
-        if len(runs) > 1:
-            title += f" (run {i}, started {run.get('started_at')})"
+        if len(usage.runs) > 1:
+            title += f" (run {i}, started {run.started_at})"
         charts.append(usage_chart(run, _colours(results, run), f"cpu-usage-{i}", title))
     return charts
 
@@ -336,10 +300,11 @@ def usage_markdown(results: Mapping[str, Any]) -> list[str]:
     study was not sampled."""
     from virtlab.export.markdown import escape, render_table  # it imports this module
 
-    tables = usage_tables(results)
+    usage = CpuUsage.from_dict(results.get(USAGE_KEY))
+    tables = usage_tables(usage)
     if not tables:
         return []
-    parts = ["## CPU usage over time", escape(usage_caption(results))]
+    parts = ["## CPU usage over time", escape(usage_caption(usage))]
     for table in tables:
         parts += [f"### {escape(table.title)}", escape(table.caption), render_table(table)]
     parts.append(escape("The chart of CPU usage over time is in report.html."))
@@ -350,11 +315,12 @@ def usage_html(results: Mapping[str, Any]) -> dict[str, Any] | None:
     """The HTML report's section: caption, tables and charts (SVG), or None when not sampled."""
     from markupsafe import Markup
 
-    charts = usage_charts(results)
+    usage = CpuUsage.from_dict(results.get(USAGE_KEY))
+    charts = usage_charts(results, usage)
     if not charts:
         return None
     return {
-        "caption": usage_caption(results),
-        "tables": usage_tables(results),
+        "caption": usage_caption(usage),
+        "tables": usage_tables(usage),
         "charts": [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in charts],
     }

@@ -51,9 +51,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab import consolidation, energy
 from virtlab.build import KernelBuild
 from virtlab.environments import Environment
-from virtlab.export.consolidation import build_section, write_consolidation_reports
+from virtlab.export.consolidation import write_consolidation_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.consolidation import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
 from virtlab.store import ResultStore

@@ -60,11 +60,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
-from virtlab.export.numa import build_section, write_migration_layout_reports
+from virtlab.export.numa import write_migration_layout_reports
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.migration_layout import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.store import FailureRecord, ResultStore, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape

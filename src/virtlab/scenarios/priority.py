@@ -63,9 +63,10 @@ from virtlab.control.priority import find_cpu_cgroup, parse_proc_cgroup
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
-from virtlab.export.priority import build_section, write_priority_reports
+from virtlab.export.priority import write_priority_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.priority import build_section
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
 from virtlab.scenario_kinds import PlanProblem, register_scenario

@@ -40,9 +40,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.build import KernelBuild
-from virtlab.export.scale_out import build_section, write_scale_out_reports
+from virtlab.export.scale_out import write_scale_out_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results.scale_out import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
 from virtlab.store import ResultStore
