@@ -6,8 +6,11 @@ time each got. Every loop stops by itself after 30 s and is killed when its test
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -39,6 +42,7 @@ from virtlab.control import (
     validate_against_host,
     weight_to_shares,
 )
+from virtlab.control.placement import SYS_MIGRATE_PAGES, SyscallError, migrate_pages, page_syscall
 from virtlab.control.priority import (
     CgroupMount,
     cpu_cgroup_problem,
@@ -414,6 +418,18 @@ def test_memory_moves_to_node_0(spawn):
         bind_memory(process.pid, 5)
     with pytest.raises(ProcessLookupError):
         bind_memory(2**22 + 1, 0)
+
+
+def test_a_failed_page_syscall_says_its_errno():
+    number = SYS_MIGRATE_PAGES.get(platform.machine())
+    if number is None:
+        pytest.skip(host_fact(f"no migrate_pages number known for {platform.machine()}"))
+    mask = (ctypes.c_ulong * 1)(1)
+    # A node mask wider than a page of bits: the kernel refuses it before reading anything.
+    with pytest.raises(SyscallError) as failed:
+        page_syscall(number, os.getpid(), ctypes.c_ulong(1 << 40), mask, mask)
+    assert failed.value.errno == errno.EINVAL and failed.value.strerror == os.strerror(errno.EINVAL)
+    assert migrate_pages(number, os.getpid(), [0], 0) >= 0
 
 
 QEMU = shutil.which("qemu-system-x86_64")

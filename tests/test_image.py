@@ -30,7 +30,7 @@ from virtlab.image import (
     SSHD_READY_MARKER,
     GuestImage,
     ImageSpec,
-    _apt,
+    apt,
     build_image,
     guest_cmdline,
     install_kernels,
@@ -78,34 +78,34 @@ def test_host_sources_read_both_formats(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "debian.sources").write_text(DEB822)
     (tmp_path / "d" / "other.list.disabled").write_text("deb http://example.org/ bookworm main\n")
-    found = _apt.host_sources(tmp_path / "sources.list", tmp_path / "d")
+    found = apt.host_sources(tmp_path / "sources.list", tmp_path / "d")
     assert [s.line() for s in found] == [
         "deb http://deb.debian.org/debian bookworm main contrib",
         "deb http://deb.debian.org/debian bookworm-updates main",
         "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main",
         "deb http://deb.debian.org/debian-security bookworm-security main",
     ]
-    suites = [s.suite for s in _apt.suite_sources(found, "bookworm")]
+    suites = [s.suite for s in apt.suite_sources(found, "bookworm")]
     assert suites == ["bookworm", "bookworm-updates", "bookworm-security"]
 
 
 def test_lists_fingerprint_follows_the_index_files(tmp_path):
     (tmp_path / "x_dists_bookworm_InRelease").write_text("a")
     (tmp_path / "lock").write_text("")
-    before = _apt.lists_fingerprint(tmp_path)
+    before = apt.lists_fingerprint(tmp_path)
     (tmp_path / "lock").write_text("changed")
-    assert _apt.lists_fingerprint(tmp_path) == before
+    assert apt.lists_fingerprint(tmp_path) == before
     (tmp_path / "x_dists_bookworm_InRelease").write_text("ab")
-    assert _apt.lists_fingerprint(tmp_path) != before
+    assert apt.lists_fingerprint(tmp_path) != before
 
 
 def test_resolve_names_the_kernel_behind_the_flavour():
-    resolution = _apt.resolve(["fio"], "cloud-amd64")
+    resolution = apt.resolve(["fio"], "cloud-amd64")
     assert resolution.versions["fio"]
     assert resolution.kernel_package.startswith("linux-image-")
     assert resolution.kernel_release.endswith("-cloud-amd64")
-    with pytest.raises(_apt.AptError, match="no-such-package-virtlab"):
-        _apt.resolve(["no-such-package-virtlab"], "cloud-amd64")
+    with pytest.raises(apt.AptError, match="no-such-package-virtlab"):
+        apt.resolve(["no-such-package-virtlab"], "cloud-amd64")
 
 
 # --------------------------------------------------------------------------
@@ -298,11 +298,11 @@ def test_manifest_and_cache_hit(guest_image):
 @pytest.mark.slow
 def test_without_apt_lists_the_last_image_of_the_spec_is_used(guest_image, monkeypatch):
     def unresolvable(*_args):
-        raise _apt.AptError("no lists")
+        raise apt.AptError("no lists")
 
     notes = []
-    monkeypatch.setattr(_apt, "lists_fingerprint", lambda *_a: "lists changed")
-    monkeypatch.setattr(_apt, "resolve", unresolvable)
+    monkeypatch.setattr(apt, "lists_fingerprint", lambda *_a: "lists changed")
+    monkeypatch.setattr(apt, "resolve", unresolvable)
     image = build_image(progress=notes.append)
     assert image.key == guest_image.key
     assert any("last image built for this spec" in note for note in notes)

@@ -7,7 +7,7 @@ from decimal import Decimal, localcontext
 
 import pytest
 
-from virtlab.build import KernelBuild
+from virtlab.build import KERNEL_HEADER, KernelBuild, compile_argv, kernel_sources, with_header_inlined
 from virtlab.workloads import WORKLOADS
 from virtlab.workloads._base import key_values
 
@@ -269,3 +269,38 @@ def test_each_workload_runs_and_parses_its_real_output(kernel_build, kind):
     samples = workload.parse(done.stdout)
     assert samples
     assert all(sample.value >= 0 for sample in samples)
+
+
+def test_every_kernel_source_is_self_contained(tmp_path):
+    """The SSH build copies each kernel's source alone: the shared header must be inlined in it."""
+    sources = kernel_sources()
+    assert set(KERNELS) <= set(sources)
+    for name, text in sorted(sources.items()):
+        assert f'#include "{KERNEL_HEADER}"' not in text, name
+        source = tmp_path / f"{name}.c"
+        source.write_text(text)
+        argv = compile_argv("cc", name, str(source), str(tmp_path / name), ("-O0",))
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=tmp_path)
+        assert done.returncode == 0, (name, done.stderr)
+    assert "static inline double now_s(void)" in sources["cubic_calc"]
+
+
+def test_inlined_header_keeps_the_compilers_file_and_line():
+    source = 'int a;\n#include "virtlab_kernel.h"\nint b;\n'
+    inlined = with_header_inlined("k.c", source, "int h;\n")
+    assert inlined == 'int a;\n#line 1 "virtlab_kernel.h"\nint h;\n#line 3 "k.c"\nint b;\n'
+    assert with_header_inlined("k.c", "int a;\n", "int h;\n") == "int a;\n"
+
+
+def test_a_compile_error_after_the_header_names_the_kernels_own_line(tmp_path):
+    source = tmp_path / "broken.c"
+    source.write_text(
+        with_header_inlined(
+            "broken.c", '#include "virtlab_kernel.h"\n\nint f(void) { return x; }\n', "int h;\n"
+        )
+    )
+    done = subprocess.run(
+        ["cc", "-c", str(source), "-o", str(tmp_path / "broken.o")], capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "broken.c:3:" in done.stderr

@@ -17,6 +17,7 @@ from virtlab.numa import (
     moved_mib,
     synthetic_profile,
 )
+from virtlab.numa.policies import Situation
 from virtlab.numa.policies.dino import snake
 from virtlab.registry import UnknownPluginError
 
@@ -54,6 +55,25 @@ def test_parameters_are_validated_and_unknown_keys_refused():
         dino.params({"turtle_max": 600, "devil_max": 500})
     with pytest.raises(TypeError):
         dino.params(POLICIES.get("simple").params())
+
+
+def test_situation_gives_what_every_policy_starts_from():
+    topo = pressured_host()
+    current = Placement.of({"a": local(0), "nameless": local(1)})
+    profiles = {"a": prof("a", 40)}
+    arriving = prof("m", 1000)
+    now = Situation(topo, profiles, current, arriving)
+    assert set(now.everyone) == {"a", "m"} and now.everyone["m"] is arriving
+    assert now.newcomer == "m"
+    assert now.default_arrival() == POLICIES.get("default").plan(topo, profiles, current, arriving)
+    ledger = now.ledger()
+    assert ledger.unplaced == {"m": 5 * G} and ledger.vcpus["m"] == (0,)
+    # A VM without a profile has no rate; one whose profile has no counters neither.
+    rates = now.misses_per_10k([*ledger.vcpus], damping_samples=3)
+    assert rates == {"a": pytest.approx(40), "nameless": None, "m": pytest.approx(1000)}
+    # A re-plan (nothing arriving) and a migration back onto a VM already placed here have no newcomer.
+    assert Situation(topo, profiles, current, None).newcomer is None
+    assert Situation(topo, profiles, current, prof("a", 40)).newcomer is None
 
 
 # -- default -----------------------------------------------------------------------------------------------
@@ -300,6 +320,9 @@ def test_reactive_keeps_during_migration_then_plans_like_simple():
     assert after["hot"] == local(0)
     dino_after = reactive.plan(here, seen, during, None, {"then": "dino"})
     assert dino_after == POLICIES.get("dino").plan(here, seen, during)
+    # The parameters of the policy it plans like are passed on: a threshold above every VM moves nothing.
+    still = reactive.plan(here, seen, during, None, {"then_params": {"min_misses_per_10k": 5000}})
+    assert still == during != after
 
 
 def test_reactive_parameters():

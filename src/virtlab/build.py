@@ -30,6 +30,8 @@ JAVA_INSTALL_HINT = "apt-get install default-jdk-headless"
 # forkpty: in libc since glibc 2.34, in libutil before (an older SSH host builds there too).
 _LINK_LIBS: dict[str, tuple[str, ...]] = {"pi": ("-lgmp",), "scpmeter": ("-lutil",)}
 _EXTRA_CFLAGS: dict[str, tuple[str, ...]] = {}
+KERNEL_HEADER = "virtlab_kernel.h"
+"""The helpers the kernels share (``native/virtlab_kernel.h``), inlined into each kernel's source."""
 
 
 class BuildError(RuntimeError):
@@ -85,13 +87,27 @@ def link_libs(name: str) -> tuple[str, ...]:
 
 
 def kernel_sources() -> dict[str, str]:
-    """Kernel name -> C source text, as shipped inside the package."""
+    """Kernel name -> C source text, as shipped inside the package, the shared header inlined: each
+    kernel is one self-contained file wherever it is compiled (here, or copied alone to an SSH host),
+    and the build's hash covers the header."""
     native = resources.files("virtlab") / "native"
+    header = (native / KERNEL_HEADER).read_text()
     return {
-        entry.name.removesuffix(".c"): entry.read_text()
+        entry.name.removesuffix(".c"): with_header_inlined(entry.name, entry.read_text(), header)
         for entry in native.iterdir()
         if entry.name.endswith(".c")
     }
+
+
+def with_header_inlined(filename: str, source: str, header: str) -> str:
+    """``source`` with its ``#include "virtlab_kernel.h"`` line replaced by ``header``; #line marks keep
+    the compiler's messages pointing at the right file and line."""
+    include = f'#include "{KERNEL_HEADER}"\n'
+    before, found, after = source.partition(include)
+    if not found:
+        return source
+    next_line = before.count("\n") + 2
+    return f'{before}#line 1 "{KERNEL_HEADER}"\n{header}#line {next_line} "{filename}"\n{after}'
 
 
 def java_sources() -> dict[str, str]:

@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 SYSFS_NODE = Path("/sys/devices/system/node")
@@ -208,21 +209,46 @@ def bind_memory(pid: int, node: int, *, nodes: Sequence[int] | None = None) -> M
     number = SYS_MIGRATE_PAGES.get(platform.machine())
     if number is None:
         return _migratepages_tool(pid, node, from_nodes)
-    width = max(from_nodes) + 1
-    old, maxnode = nodemask(from_nodes, width)
-    new, _ = nodemask([node], width)
-    array = ctypes.c_ulong * len(old)
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    result = libc.syscall(
-        ctypes.c_long(number), ctypes.c_long(pid), ctypes.c_ulong(maxnode), array(*old), array(*new)
-    )
+    try:
+        not_moved = migrate_pages(number, pid, from_nodes, node)
+    except SyscallError as error:
+        raise ControlError(
+            f"memory_node: migrate_pages({pid} -> node {node}) failed: {error.strerror}"
+        ) from None
+    return MemoryMove(pid, node, from_nodes, not_moved, "migrate_pages(2)")
+
+
+class SyscallError(OSError):
+    """A system call made through ``page_syscall`` failed, other than for a process that is gone."""
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, its errno kept for ``ctypes.get_errno``."""
+    found = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    found.syscall.restype = ctypes.c_long
+    return found
+
+
+def page_syscall(number: int, pid: int, *args: Any) -> int:
+    """syscall(2) ``number`` on ``pid`` with ``args`` (move_pages, migrate_pages: glibc wraps neither);
+    its result. ProcessLookupError when ``pid`` is gone, SyscallError (errno, strerror) otherwise."""
+    result = libc().syscall(ctypes.c_long(number), ctypes.c_long(pid), *args)
     if result < 0:
         code = ctypes.get_errno()
         if code == errno.ESRCH:
             raise ProcessLookupError(f"process {pid} does not exist")
-        raise ControlError(f"memory_node: migrate_pages({pid} -> node {node}) failed: {os.strerror(code)}")
-    return MemoryMove(pid, node, from_nodes, int(result), "migrate_pages(2)")
+        raise SyscallError(code, os.strerror(code))
+    return int(result)
+
+
+def migrate_pages(number: int, pid: int, from_nodes: Sequence[int], to_node: int) -> int:
+    """migrate_pages(2) (``number``: this machine's, from SYS_MIGRATE_PAGES) of ``pid``'s pages on
+    ``from_nodes`` to ``to_node``; returns the pages that could not be moved."""
+    width = max(*from_nodes, to_node) + 1
+    old, maxnode = nodemask(from_nodes, width)
+    new, _ = nodemask([to_node], width)
+    array = ctypes.c_ulong * len(old)
+    return page_syscall(number, pid, ctypes.c_ulong(maxnode), array(*old), array(*new))
 
 
 def _migratepages_tool(pid: int, node: int, from_nodes: Sequence[int]) -> MemoryMove:

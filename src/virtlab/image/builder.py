@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from virtlab.build import cache_root
-from virtlab.image import _apt
+from virtlab.image import apt
 from virtlab.image.initramfs import build_initramfs
 
 # Bump when the recipe in this file changes what lands in an image; the scripts are hashed as text.
@@ -137,11 +137,13 @@ def _scripts() -> dict[str, str]:
     return {name: _script(name) for name in ("init.sh", "guest-init.sh", "shutdown.sh")}
 
 
-def _source_date_epoch() -> int:
+def source_date_epoch() -> int:
+    """The timestamp every file of an image and a disk gets, so that the same inputs give the same bytes."""
     return int(os.environ.get("SOURCE_DATE_EPOCH") or DEFAULT_SOURCE_DATE_EPOCH)
 
 
-def _digest(data: Any) -> str:
+def json_digest(data: Any) -> str:
+    """16 hex digits of the SHA-256 of ``data`` as sorted JSON: the name of a cache entry."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -150,13 +152,13 @@ def _recipe(spec: ImageSpec) -> dict[str, Any]:
         "recipe": RECIPE_VERSION,
         "spec": spec.as_dict(),
         "scripts": _scripts(),
-        "source_date_epoch": _source_date_epoch(),
+        "source_date_epoch": source_date_epoch(),
     }
 
 
-def image_key(spec: ImageSpec, resolution: _apt.Resolution, busybox_version: str) -> str:
+def image_key(spec: ImageSpec, resolution: apt.Resolution, busybox_version: str) -> str:
     """The content key: recipe, scripts and the versions of everything asked for by name."""
-    return _digest(
+    return json_digest(
         {
             **_recipe(spec),
             "versions": resolution.versions,
@@ -210,7 +212,9 @@ def _read_pointer(path: Path) -> str | None:
 
 
 @contextmanager
-def _locked(path: Path, progress: Progress) -> Iterator[None]:
+def cache_lock(path: Path, progress: Progress) -> Iterator[None]:
+    """Holds the lock file ``path`` exclusively: one process builds or removes a cache entry at a time;
+    the others say they wait, then find it built."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         try:
@@ -293,7 +297,7 @@ def _run_streaming(argv: list[str], progress: Progress, env: dict[str, str] | No
         raise ImageError(f"{argv[0]} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
-def _debootstrap(spec: ImageSpec, sources: list[_apt.AptSource], target: Path, debs: Path, progress):
+def _debootstrap(spec: ImageSpec, sources: list[apt.AptSource], target: Path, debs: Path, progress):
     debs.mkdir(parents=True, exist_ok=True)
     progress(f"mmdebstrap {spec.suite} ({spec.variant}, {len(spec.all_packages())} packages)")
     # The hooks keep the downloaded .debs in the cache: a rebuild after one package changed
@@ -308,13 +312,13 @@ def _debootstrap(spec: ImageSpec, sources: list[_apt.AptSource], target: Path, d
         '--aptopt=Acquire::Retries "3"', '--aptopt=APT::Sandbox::User "root"',
         spec.suite, str(target), *(s.line() for s in sources),
     ]  # fmt: skip
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(_source_date_epoch()), "LC_ALL": "C.UTF-8"}
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(source_date_epoch()), "LC_ALL": "C.UTF-8"}
     _run_streaming(argv, progress, env)
 
 
-def _fetch_kernel(resolution: _apt.Resolution, busybox_version: str, work: Path, progress) -> Path:
+def _fetch_kernel(resolution: apt.Resolution, busybox_version: str, work: Path, progress) -> Path:
     progress(f"kernel {resolution.kernel_package} {resolution.kernel_version}, busybox-static")
-    debs = _apt.download(
+    debs = apt.download(
         {resolution.kernel_package: resolution.kernel_version, "busybox-static": busybox_version},
         work / "debs",
     )
@@ -409,7 +413,7 @@ def dpkg_status(tree: Path) -> dict[str, str]:
     """Installed package -> version, read from the tree's /var/lib/dpkg/status."""
     text = (tree / "var" / "lib" / "dpkg" / "status").read_text()
     versions = {}
-    for record in _apt._records(text):
+    for record in apt.package_records(text):
         if record.get("status", "").endswith(" installed"):
             versions[record["package"]] = record["version"]
     return dict(sorted(versions.items()))
@@ -429,11 +433,12 @@ def build_image(
     spec = spec or ImageSpec()
     say = progress or (lambda _line: None)
     images = _images_dir(cache_dir)
-    sources = _apt.suite_sources(_apt.host_sources(), spec.suite)
+    sources = apt.suite_sources(apt.host_sources(), spec.suite)
     recipe = _recipe(spec)
-    spec_id = _digest(recipe)
+    spec_id = json_digest(recipe)
     # Cheap path: the same spec with the same host apt lists resolves to the same key.
-    state_id = _digest({**recipe, "sources": [s.line() for s in sources], "lists": _apt.lists_fingerprint()})
+    state = {**recipe, "sources": [s.line() for s in sources], "lists": apt.lists_fingerprint()}
+    state_id = json_digest(state)
     known = _read_pointer(images / "resolved" / state_id)
     if known and (image := _cached(images, known)):
         return image
@@ -444,8 +449,8 @@ def build_image(
             f"the Debian mirror the host uses (/etc/apt/sources.list or sources.list.d/*.sources)"
         )
     try:
-        resolution = _apt.resolve([*spec.all_packages(), "busybox-static"], spec.kernel_flavour)
-    except _apt.AptError as err:
+        resolution = apt.resolve([*spec.all_packages(), "busybox-static"], spec.kernel_flavour)
+    except apt.AptError as err:
         fallback = _read_pointer(images / "by-spec" / spec_id)
         if fallback and (image := _cached(images, fallback)):
             say(f"host apt cannot resolve packages ({err}); using the last image built for this spec")
@@ -457,11 +462,11 @@ def build_image(
     image = _cached(images, key)
     if image is None:
         _check_host()
-        with _locked(images / ".locks" / f"{key}.lock", say):
+        with cache_lock(images / ".locks" / f"{key}.lock", say):
             image = _cached(images, key)
             if image is None:
                 _clear_stale_builds(images, key)
-                image = _build(spec, key, resolution, busybox_version, sources, images, say)
+                image = _build(_Job(spec, key, resolution, busybox_version, sources, images, say))
     try:
         _write_pointer(images / "resolved" / state_id, key)
         _write_pointer(images / "by-spec" / spec_id, key)
@@ -485,7 +490,7 @@ def prune_images(cache_dir: Path | None = None) -> list[str]:
     removed = []
     for spec, key in candidates:
         if newest[spec][1] != key:
-            with _locked(images / ".locks" / f"{key}.lock", lambda _line: None):
+            with cache_lock(images / ".locks" / f"{key}.lock", lambda _line: None):
                 remove_tree(images / key)
             removed.append(key)
     for pointer in [*images.glob("resolved/*"), *images.glob("by-spec/*")]:
@@ -494,20 +499,26 @@ def prune_images(cache_dir: Path | None = None) -> list[str]:
     return removed
 
 
-def _build(
-    spec: ImageSpec,
-    key: str,
-    resolution: _apt.Resolution,
-    busybox_version: str,
-    sources: list[_apt.AptSource],
-    images: Path,
-    say: Progress,
-) -> GuestImage:
+@dataclass(frozen=True)
+class _Job:
+    """One image to build: its spec and content key, what apt resolved for it, the cache it goes to."""
+
+    spec: ImageSpec
+    key: str
+    resolution: apt.Resolution
+    busybox_version: str
+    sources: list[apt.AptSource]
+    images: Path
+    say: Progress
+
+
+def _build(job: _Job) -> GuestImage:
+    spec, key, images = job.spec, job.key, job.images
     started = time.monotonic()
     staging = images / f".build-{key}-{os.getpid()}"
     staging.mkdir(parents=True)
     try:
-        manifest = _assemble(staging, spec, key, resolution, busybox_version, sources, images, say)
+        manifest = _assemble(staging, job)
         size = sum((staging / f).stat().st_size for f in ("vmlinuz", "initrd.img"))
         built_s = round(time.monotonic() - started, 2)
         meta = {
@@ -523,30 +534,21 @@ def _build(
     except BaseException:
         remove_tree(staging)
         raise
-    say(f"built guest image {key} in {built_s:.0f} s")
+    job.say(f"built guest image {key} in {built_s:.0f} s")
     return load_image(images / key, cached=False)
 
 
-def _assemble(
-    staging: Path,
-    spec: ImageSpec,
-    key: str,
-    resolution: _apt.Resolution,
-    busybox_version: str,
-    sources: list[_apt.AptSource],
-    images: Path,
-    say: Progress,
-) -> dict[str, Any]:
+def _assemble(staging: Path, job: _Job) -> dict[str, Any]:
     """rootfs/, vmlinuz and initrd.img in ``staging``; returns the manifest."""
     tree = staging / "rootfs"
     scripts = _scripts()
-    epoch = _source_date_epoch()
-    release = resolution.kernel_release
-    _debootstrap(spec, sources, tree, images / "debs", say)
-    kernel_root = _fetch_kernel(resolution, busybox_version, staging / "work", say)
-    say("guest init, kernel modules and initramfs")
+    epoch = source_date_epoch()
+    release = job.resolution.kernel_release
+    _debootstrap(job.spec, job.sources, tree, job.images / "debs", job.say)
+    kernel_root = _fetch_kernel(job.resolution, job.busybox_version, staging / "work", job.say)
+    job.say("guest init, kernel modules and initramfs")
     _install_kernel_modules(tree, kernel_root, release)
-    _install_guest_files(tree, key, scripts)
+    _install_guest_files(tree, job.key, scripts)
     _scrub_build_host(tree)
     shutil.copyfile(kernel_root / "boot" / f"vmlinuz-{release}", staging / "vmlinuz")
     loaded, missing = build_initramfs(
@@ -554,28 +556,28 @@ def _assemble(
         init_script=scripts["init.sh"],
         busybox=kernel_root / "bin" / "busybox",
         modules_dir=kernel_root / "lib" / "modules" / release,
-        drivers=spec.drivers,
+        drivers=job.spec.drivers,
         mtime=epoch,
     )
     remove_tree(staging / "work")
     _clamp_mtimes(tree, epoch)
     packages = dpkg_status(tree)
-    differ = sorted(p for p, v in resolution.versions.items() if packages.get(p) != v)
+    differ = sorted(p for p, v in job.resolution.versions.items() if packages.get(p) != v)
     if differ:
-        say(f"note: the mirror gave other versions than the host's apt lists name for {differ}")
+        job.say(f"note: the mirror gave other versions than the host's apt lists name for {differ}")
     return {
-        "suite": spec.suite,
-        "sources": [s.line() for s in sources],
+        "suite": job.spec.suite,
+        "sources": [s.line() for s in job.sources],
         "packages": packages,
-        "requested": {p: packages.get(p) for p in spec.all_packages()},
-        "resolved": resolution.versions,
+        "requested": {p: packages.get(p) for p in job.spec.all_packages()},
+        "resolved": job.resolution.versions,
         "kernel": {
-            "flavour": spec.kernel_flavour,
-            "package": resolution.kernel_package,
-            "version": resolution.kernel_version,
+            "flavour": job.spec.kernel_flavour,
+            "package": job.resolution.kernel_package,
+            "version": job.resolution.kernel_version,
             "release": release,
         },
-        "busybox_static": busybox_version,
+        "busybox_static": job.busybox_version,
         "initramfs_modules": loaded,
         "missing_drivers": missing,
         "source_date_epoch": epoch,

@@ -25,11 +25,11 @@ from virtlab.image.builder import (
     GuestImage,
     ImageError,
     Progress,
-    _digest,
-    _locked,
-    _source_date_epoch,
+    cache_lock,
+    json_digest,
     missing_tools,
     remove_tree,
+    source_date_epoch,
 )
 
 FORMATS = ("raw", "qcow2")
@@ -113,7 +113,7 @@ def _make_base(image: GuestImage, target: Path, size_mb: int, extras: dict[str, 
         with open(tmp, "wb") as handle:
             handle.truncate(size_mb * 2**20)
         fs_uuid = str(uuid.UUID(hashlib.sha256(seed.encode()).hexdigest()[:32]))
-        epoch = str(_source_date_epoch())
+        epoch = str(source_date_epoch())
         env = {**os.environ, "E2FSPROGS_FAKE_TIME": epoch, "SOURCE_DATE_EPOCH": epoch}
         _run(
             ["mkfs.ext4", "-q", "-F", "-L", "virtlab-root", "-U", fs_uuid, "-E", f"hash_seed={fs_uuid}",
@@ -145,13 +145,13 @@ def _convert(base: Path, target: Path, fmt: str, preallocate: bool) -> None:
 
 def _base_disk(image: GuestImage, size_mb: int, extras: dict[str, Path], say: Progress) -> Path:
     """The cached sparse raw disk every format and copy is converted from."""
-    base_id = _digest(
+    base_id = json_digest(
         {"image": image.key, "size_mb": size_mb, "extras": _extras_digest(extras), "recipe": _DISK_RECIPE}
     )
     disks = image.dir / "disks"
     disks.mkdir(exist_ok=True)
     base = disks / f"{base_id}.raw"
-    with _locked(disks / ".locks" / f"{base_id}.lock", say):
+    with cache_lock(disks / ".locks" / f"{base_id}.lock", say):
         if not base.exists():
             for stale in disks.glob(f".{base.name}.*"):  # a crashed build's, under this same lock
                 if stale.is_dir():
@@ -193,7 +193,7 @@ def make_disk(
         if format == "raw" and not preallocate:
             return base
         target = disks / f"{base.stem}-{'fixed' if preallocate else 'sparse'}.{format}"
-        with _locked(disks / ".locks" / f"{target.name}.lock", say):
+        with cache_lock(disks / ".locks" / f"{target.name}.lock", say):
             if not target.exists():
                 say(f"disk {target.name}: qemu-img convert")
                 _convert(base, target, format, preallocate)

@@ -25,7 +25,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,8 +34,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "virtlab_kernel.h"
 
 #define LINE_WIDTH 80
 #define MAX_SEQUENCES 10000000L
@@ -79,18 +79,6 @@ static void usage(const char *prog)
             prog, MAX_SEQUENCES, MAX_LENGTH, MAX_QUERIES, MAX_THREADS);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double timeval_s(struct timeval tv)
-{
-    return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
-}
-
 static uint64_t splitmix64(uint64_t *state)
 {
     uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
@@ -114,17 +102,6 @@ static long below(uint64_t *state, long bound)
     while (x >= limit);
     return (long)(x % (uint64_t)bound);
 }
-
-static uint64_t fnv1a64(uint64_t hash, const char *bytes, size_t length)
-{
-    for (size_t n = 0; n < length; n++) {
-        hash ^= (unsigned char)bytes[n];
-        hash *= 0x100000001b3ULL;
-    }
-    return hash;
-}
-
-#define FNV_OFFSET 0xcbf29ce484222325ULL
 
 /* Writes through stdio and hashes exactly the bytes written. */
 static int put(FILE *out, uint64_t *hash, const char *bytes, size_t length)
@@ -174,15 +151,6 @@ static void mutate(char *bases, long length, double rate, uint64_t *state)
     }
 }
 
-static char *join(const char *dir, const char *name)
-{
-    size_t size = strlen(dir) + strlen(name) + 2;
-    char *path = malloc(size);
-    if (path != NULL)
-        snprintf(path, size, "%s/%s", dir, name);
-    return path;
-}
-
 /*
  * Writes db.fa and q.fa into dir. The PRNG draws in a fixed order (query plan, database,
  * mutations), so a seed names one database and one query set on every machine.
@@ -208,7 +176,7 @@ static int generate(const struct options *opt, const char *dir, struct query *qu
         perror("blastgen: writing the database");
         goto done;
     }
-    *db_hash = FNV_OFFSET;
+    *db_hash = FNV1A64_OFFSET;
     for (long s = 0; s < opt->sequences; s++) {
         for (long n = 0; n < opt->length; n += 32) {
             uint64_t bits = splitmix64(&state);
@@ -224,7 +192,7 @@ static int generate(const struct options *opt, const char *dir, struct query *qu
             if (queries[q].source == s)
                 cut_query(&queries[q], sequence, opt->query_length);
     }
-    *query_hash = FNV_OFFSET;
+    *query_hash = FNV1A64_OFFSET;
     for (long q = 0; q < opt->queries; q++) {
         mutate(queries[q].bases, opt->query_length, opt->mutation_rate, &state);
         snprintf(header, sizeof header, ">q%ld source=s%ld offset=%ld strand=%s\n", q,
@@ -380,17 +348,6 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return 0;
 }
 
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    long parsed = strtol(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || parsed < low || parsed > high)
-        return -1;
-    *value = parsed;
-    return 0;
-}
-
 static int parse_options(int argc, char **argv, struct options *opt)
 {
     char *end;
@@ -398,11 +355,11 @@ static int parse_options(int argc, char **argv, struct options *opt)
     while ((c = getopt(argc, argv, "n:L:q:l:m:s:t:w:")) != -1) {
         int bad = 0;
         switch (c) {
-        case 'n': bad = parse_long(optarg, 1, MAX_SEQUENCES, &opt->sequences); break;
-        case 'L': bad = parse_long(optarg, 1, MAX_LENGTH, &opt->length); break;
-        case 'q': bad = parse_long(optarg, 1, MAX_QUERIES, &opt->queries); break;
-        case 'l': bad = parse_long(optarg, 1, MAX_LENGTH, &opt->query_length); break;
-        case 't': bad = parse_long(optarg, 1, MAX_THREADS, &opt->threads); break;
+        case 'n': bad = !parse_long(optarg, 1, MAX_SEQUENCES, &opt->sequences); break;
+        case 'L': bad = !parse_long(optarg, 1, MAX_LENGTH, &opt->length); break;
+        case 'q': bad = !parse_long(optarg, 1, MAX_QUERIES, &opt->queries); break;
+        case 'l': bad = !parse_long(optarg, 1, MAX_LENGTH, &opt->query_length); break;
+        case 't': bad = !parse_long(optarg, 1, MAX_THREADS, &opt->threads); break;
         case 'w': opt->work_dir = optarg; break;
         case 'm':
             errno = 0;

@@ -11,13 +11,12 @@
  * Output: t=1 ops=...  (one line per second, flushed), then
  *         ops_total=... ops_per_s=... elapsed_s=... failures=0 valid=1
  */
-#include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "virtlab_kernel.h"
 
 #define CHECK_EVERY 256 /* equations between two looks at the clock */
 #define RESIDUAL_TOLERANCE 1e-9
@@ -34,13 +33,6 @@ static void usage(const char *prog)
             "  -d SECONDS  how long to run, >= 1 (default 60)\n"
             "  -m MB       working memory in MiB, >= 1 (default 1)\n",
             prog);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Real roots of x^3 + a x^2 + b x + c; returns how many (1 or 3). */
@@ -84,37 +76,14 @@ static double lcg_uniform(uint64_t *state)
     return (double)(*state >> 11) * 0x1.0p-53;
 }
 
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    *value = strtol(text, &end, 10);
-    return errno == 0 && *end == '\0' && end != text && *value >= low && *value <= high;
-}
-
 int main(int argc, char **argv)
 {
     long duration = 60, memory_mb = 1;
-    int opt;
-
-    while ((opt = getopt(argc, argv, "d:m:")) != -1) {
-        int ok;
-        switch (opt) {
-        case 'd':
-            ok = parse_long(optarg, 1, 100000000, &duration);
-            break;
-        case 'm':
-            ok = parse_long(optarg, 1, 1L << 24, &memory_mb);
-            break;
-        default:
-            ok = 0;
-        }
-        if (!ok) {
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc) {
+    const KernelOption options[] = {
+        {'d', 1, 100000000, &duration, NULL},
+        {'m', 1, 1L << 24, &memory_mb, NULL},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options))) {
         usage(argv[0]);
         return 2;
     }
@@ -134,11 +103,10 @@ int main(int argc, char **argv)
         eq[n].root = 0.0;
     }
 
-    long long ops_total = 0, ops_second = 0, failures = 0;
-    long second = 0;
+    long long failures = 0;
     size_t next = 0;
-    double start = now_s(), boundary = start + 1.0, now = start;
-    while (second < duration) {
+    SecondCounts counts = second_counts_start(duration);
+    do {
         for (int n = 0; n < CHECK_EVERY; n++) {
             Equation *e = &eq[next];
             double roots[3];
@@ -152,18 +120,9 @@ int main(int argc, char **argv)
             if (++next == count)
                 next = 0;
         }
-        ops_second += CHECK_EVERY;
-        now = now_s();
-        /* A stall longer than a second (a paused or migrating VM) shows as seconds with 0 ops. */
-        while (now >= boundary && second < duration) {
-            second++;
-            printf("t=%ld ops=%lld\n", second, ops_second);
-            ops_total += ops_second;
-            ops_second = 0;
-            boundary += 1.0;
-        }
-    }
-    double elapsed = now - start;
+    } while (second_counts_add(&counts, CHECK_EVERY));
+    long long ops_total = counts.ops_total;
+    double elapsed = counts.now - counts.start;
 
     int valid = failures == 0;
     printf("ops_total=%lld ops_per_s=%.1f elapsed_s=%.6f memory_mb=%ld failures=%lld valid=%d\n",

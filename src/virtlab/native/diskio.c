@@ -47,7 +47,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -61,8 +60,9 @@
 #include <sys/types.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "virtlab_kernel.h"
 
 #define TRIAL_PREFIX "virtlab-disk-"
 #define MAX_SIZE_MB (64L * 1024 * 1024)
@@ -103,22 +103,6 @@ static void usage(const char *prog)
             "       %s -m fio    [-d DIR] -s SPACE_MB [-D] -- fio OPTION...\n"
             "       %s -m hdparm [-d DIR] [-D] [-W]\n",
             prog, prog, prog);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static char *join(const char *dir, const char *name)
-{
-    size_t size = strlen(dir) + strlen(name) + 2;
-    char *path = malloc(size);
-    if (path != NULL)
-        snprintf(path, size, "%s/%s", dir, name);
-    return path;
 }
 
 /* The file system's name from its statfs magic (ext2 and ext3 share ext4's, and its driver). */
@@ -676,17 +660,6 @@ static int hdparm_trial(const struct options *opt, const char *dir)
     return 127;
 }
 
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    long parsed = strtol(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || parsed < low || parsed > high)
-        return -1;
-    *value = parsed;
-    return 0;
-}
-
 static int parse_options(int argc, char **argv, struct options *opt)
 {
     int c;
@@ -701,8 +674,8 @@ static int parse_options(int argc, char **argv, struct options *opt)
             bad = opt->mode == MODE_NONE;
             break;
         case 'd': opt->dir = optarg; break;
-        case 's': bad = parse_long(optarg, 1, MAX_SIZE_MB, &opt->size_mb); break;
-        case 'b': bad = parse_long(optarg, 1, MAX_BLOCK_KB, &opt->block_kb); break;
+        case 's': bad = !parse_long(optarg, 1, MAX_SIZE_MB, &opt->size_mb); break;
+        case 'b': bad = !parse_long(optarg, 1, MAX_BLOCK_KB, &opt->block_kb); break;
         case 'r': opt->read_back = 1; break;
         case 'D': opt->direct = 1; break;
         case 'N': opt->no_drop = 1; break;

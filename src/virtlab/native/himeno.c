@@ -10,12 +10,12 @@
  * Usage: himeno [-s XS|S|M|L | -g I,J,K] [-n ITERATIONS | -t SECONDS]
  * Output: grid=IxJxK iterations=N gosa=... mflops=... elapsed_s=... valid=1
  */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "virtlab_kernel.h"
 
 typedef struct {
     float *m;
@@ -37,13 +37,6 @@ static void usage(const char *prog)
             "  -n N      run exactly N iterations (deterministic gosa)\n"
             "  -t SEC    otherwise: time 3 iterations, then run about SEC seconds (default 10)\n",
             prog);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int new_mat(Matrix *mat, int n, int ni, int nj, int nk)

@@ -13,13 +13,12 @@
  * Output: init_s=... memory_mb=...; t=1 ops=... (one line per second, flushed); then
  *         ops_total=... ops_per_s=... elapsed_s=... valid=1
  */
-#include <errno.h>
-#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "virtlab_kernel.h"
 
 #define CHECK_EVERY 4096 /* accesses between two looks at the clock */
 #define LINE_WORDS 8     /* 64-byte cache line of 64-bit words */
@@ -36,44 +35,14 @@ static void usage(const char *prog)
             prog);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    *value = strtol(text, &end, 10);
-    return errno == 0 && *end == '\0' && end != text && *value >= low && *value <= high;
-}
-
 int main(int argc, char **argv)
 {
     long duration = 60, memory_mb = 2048;
-    int opt;
-
-    while ((opt = getopt(argc, argv, "d:m:")) != -1) {
-        int ok;
-        switch (opt) {
-        case 'd':
-            ok = parse_long(optarg, 1, 100000000, &duration);
-            break;
-        case 'm':
-            ok = parse_long(optarg, 1, 1L << 24, &memory_mb);
-            break;
-        default:
-            ok = 0;
-        }
-        if (!ok) {
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc) {
+    const KernelOption options[] = {
+        {'d', 1, 100000000, &duration, NULL},
+        {'m', 1, 1L << 24, &memory_mb, NULL},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options))) {
         usage(argv[0]);
         return 2;
     }
@@ -91,28 +60,17 @@ int main(int argc, char **argv)
     printf("init_s=%.6f memory_mb=%ld\n", now_s() - t0, memory_mb);
 
     uint64_t state = 20170101;
-    long long ops_total = 0, ops_second = 0;
-    long second = 0;
-    double start = now_s(), boundary = start + 1.0, now = start;
-    while (second < duration) {
+    SecondCounts counts = second_counts_start(duration);
+    do {
         for (int n = 0; n < CHECK_EVERY; n++) {
             state = state * 6364136223846793005ULL + 1442695040888963407ULL;
             /* The high bits of the LCG are the random ones; scale them onto [0, lines). */
             uint64_t line = (uint64_t)(((unsigned __int128)state * lines) >> 64);
             buffer[line * LINE_WORDS]++;
         }
-        ops_second += CHECK_EVERY;
-        now = now_s();
-        /* A stall longer than a second (a paused or migrating VM) shows as seconds with 0 ops. */
-        while (now >= boundary && second < duration) {
-            second++;
-            printf("t=%ld ops=%lld\n", second, ops_second);
-            ops_total += ops_second;
-            ops_second = 0;
-            boundary += 1.0;
-        }
-    }
-    double elapsed = now - start;
+    } while (second_counts_add(&counts, CHECK_EVERY));
+    long long ops_total = counts.ops_total;
+    double elapsed = counts.now - counts.start;
 
     /* Each access added 1 to one word; sums wrap modulo 2^64 on both sides alike. */
     uint64_t sum = 0;

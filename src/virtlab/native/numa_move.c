@@ -21,7 +21,6 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
-#include <getopt.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +28,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "virtlab_kernel.h"
 
 #define MPOL_MF_MOVE (1 << 1) /* <linux/mempolicy.h>: move pages owned by this process only */
 #define CHUNK 4096            /* pages per move_pages call */
@@ -61,14 +62,6 @@ static void usage(const char *prog)
             "  -p PID   the process whose memory and threads move\n"
             "  -n NODE  the NUMA node they move to\n",
             prog);
-}
-
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    *value = strtol(text, &end, 10);
-    return errno == 0 && *end == '\0' && end != text && *value >= low && *value <= high;
 }
 
 static int add_page(PageList *list, void *page)
@@ -182,25 +175,11 @@ static int pin_threads(long pid, const cpu_set_t *set, int *threads)
 int main(int argc, char **argv)
 {
     long pid = -1, node = -1;
-    int opt;
-    while ((opt = getopt(argc, argv, "p:n:")) != -1) {
-        int ok;
-        switch (opt) {
-        case 'p':
-            ok = parse_long(optarg, 1, 1L << 30, &pid);
-            break;
-        case 'n':
-            ok = parse_long(optarg, 0, 1023, &node);
-            break;
-        default:
-            ok = 0;
-        }
-        if (!ok) {
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc || pid < 0 || node < 0) {
+    const KernelOption options[] = {
+        {'p', 1, 1L << 30, &pid, NULL},
+        {'n', 0, 1023, &node, NULL},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options)) || pid < 0 || node < 0) {
         usage(argv[0]);
         return 2;
     }

@@ -13,15 +13,15 @@
  * Usage: pi [-d DIGITS] [-w]     (-w also prints the digits as pi=3.1415...)
  * Output: digits=N bits=B elapsed_s=... prefix=3.14... fnv1a64=<16 hex> valid=1
  */
-#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <gmp.h>
+
+#include "virtlab_kernel.h"
 
 #define MAX_DIGITS 100000000L
 /* Decimals computed beyond the ones kept, so that truncating a correctly rounded value
@@ -98,23 +98,6 @@ static void usage(const char *prog)
             prog, MAX_DIGITS);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t fnv1a64(const char *text, size_t length)
-{
-    uint64_t hash = 0xcbf29ce484222325ULL;
-    for (size_t n = 0; n < length; n++) {
-        hash ^= (unsigned char)text[n];
-        hash *= 0x100000001b3ULL;
-    }
-    return hash;
-}
-
 /* The digits must start as pi does, and decimals 762-767 are the Feynman point "999999". */
 static int check_digits(const char *text, long digits)
 {
@@ -136,27 +119,11 @@ int main(int argc, char **argv)
 {
     long digits = 1L << 20;
     int write_digits = 0;
-    char *end;
-    int opt;
-
-    while ((opt = getopt(argc, argv, "d:w")) != -1) {
-        switch (opt) {
-        case 'd':
-            digits = strtol(optarg, &end, 10);
-            if (*end != '\0' || digits < 1 || digits > MAX_DIGITS) {
-                usage(argv[0]);
-                return 2;
-            }
-            break;
-        case 'w':
-            write_digits = 1;
-            break;
-        default:
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc) {
+    const KernelOption options[] = {
+        {'d', 1, MAX_DIGITS, &digits, NULL},
+        {'w', 0, 0, NULL, &write_digits},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options))) {
         usage(argv[0]);
         return 2;
     }
@@ -193,7 +160,7 @@ int main(int argc, char **argv)
         printf("pi=%s\n", text);
     printf("digits=%ld bits=%ld elapsed_s=%.6f prefix=%.*s fnv1a64=%016llx valid=%d\n", digits,
            bits, elapsed, shown + 2, text,
-           (unsigned long long)fnv1a64(text, (size_t)digits + 2), valid);
+           (unsigned long long)fnv1a64(FNV1A64_OFFSET, text, (size_t)digits + 2), valid);
 
     free(text);
     void (*release)(void *, size_t);

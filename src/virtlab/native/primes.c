@@ -8,13 +8,13 @@
  * Usage: primes [-n N] [-q]
  * Output: one prime per line, then count=... real_s=... user_s=... sys_s=... valid=1
  */
-#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
+
+#include "virtlab_kernel.h"
 
 static void usage(const char *prog)
 {
@@ -23,18 +23,6 @@ static void usage(const char *prog)
             "  -n N  check 1..N, 1 <= N <= 4294967295 (default 10000000)\n"
             "  -q    do not print the primes, only the summary\n",
             prog);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double timeval_s(struct timeval tv)
-{
-    return (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
 }
 
 static int is_prime(uint32_t n)
@@ -75,29 +63,13 @@ static long sieve_count(uint32_t n)
 
 int main(int argc, char **argv)
 {
-    uint64_t limit = 10000000;
+    long limit = 10000000;
     int quiet = 0;
-    char *end;
-    int opt;
-
-    while ((opt = getopt(argc, argv, "n:q")) != -1) {
-        switch (opt) {
-        case 'n':
-            limit = strtoull(optarg, &end, 10);
-            if (*end != '\0' || optarg[0] == '-' || limit < 1 || limit > UINT32_MAX) {
-                usage(argv[0]);
-                return 2;
-            }
-            break;
-        case 'q':
-            quiet = 1;
-            break;
-        default:
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc) {
+    const KernelOption options[] = {
+        {'n', 1, UINT32_MAX, &limit, NULL},
+        {'q', 0, 0, NULL, &quiet},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options))) {
         usage(argv[0]);
         return 2;
     }
@@ -106,7 +78,7 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_SELF, &before);
     double t0 = now_s();
     long count = 0;
-    for (uint64_t n = 1; n <= limit; n++) {
+    for (uint64_t n = 1; n <= (uint64_t)limit; n++) {
         if (is_prime((uint32_t)n)) {
             count++;
             if (!quiet)

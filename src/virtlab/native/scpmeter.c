@@ -44,18 +44,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "virtlab_kernel.h"
+
 #define METER_COLUMNS 160
 #define MAX_SIZE_MB (64L * 1024 * 1024)
 #define CAPTURE_MAX 8192
 #define RECORD_MAX 1024
 #define CHUNK (1 << 20)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Runs argv with its stdout or stderr (fd) into buf; returns the exit status, or -1. */
 static int capture(char *const argv[], int fd, char *buf, size_t size)

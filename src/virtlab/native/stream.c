@@ -13,15 +13,15 @@
  *         copy_mbs=... scale_mbs=... add_mbs=... triad_mbs=... processes=P array_size=N valid=1
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "virtlab_kernel.h"
 
 #define KERNELS 4
 #define MAX_PROCESSES 1024
@@ -47,13 +47,6 @@ static void usage(const char *prog)
             "  -r REPS  repetitions, >= 2; the first is not counted (default 20)\n"
             "  -p P     processes running at once, 1..%d (default 1)\n",
             prog, MAX_PROCESSES);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int write_all(int fd, const void *data, size_t length)
@@ -192,40 +185,15 @@ static double rate_mbs(long n, int kernel, double seconds)
     return seconds > 0.0 ? 1.0e-6 * bytes / seconds : 0.0;
 }
 
-static int parse_long(const char *text, long low, long high, long *value)
-{
-    char *end;
-    errno = 0;
-    *value = strtol(text, &end, 10);
-    return errno == 0 && *end == '\0' && end != text && *value >= low && *value <= high;
-}
-
 int main(int argc, char **argv)
 {
     long n = 100000000, reps = 20, processes = 1;
-    int opt;
-
-    while ((opt = getopt(argc, argv, "a:r:p:")) != -1) {
-        int ok;
-        switch (opt) {
-        case 'a':
-            ok = parse_long(optarg, 1000, 1L << 40, &n);
-            break;
-        case 'r':
-            ok = parse_long(optarg, 2, 1000000, &reps);
-            break;
-        case 'p':
-            ok = parse_long(optarg, 1, MAX_PROCESSES, &processes);
-            break;
-        default:
-            ok = 0;
-        }
-        if (!ok) {
-            usage(argv[0]);
-            return 2;
-        }
-    }
-    if (optind != argc) {
+    const KernelOption options[] = {
+        {'a', 1000, 1L << 40, &n, NULL},
+        {'r', 2, 1000000, &reps, NULL},
+        {'p', 1, MAX_PROCESSES, &processes, NULL},
+    };
+    if (!parse_kernel_options(argc, argv, options, COUNT_OF(options))) {
         usage(argv[0]);
         return 2;
     }

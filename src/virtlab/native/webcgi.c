@@ -23,19 +23,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "virtlab_kernel.h"
+
 #define MAX_PAGE (16L << 20)
 #define MAX_ROUNDS 100000L
-#define FNV_OFFSET 0xcbf29ce484222325ULL
-#define FNV_PRIME 0x100000001b3ULL
-
-static unsigned long long fnv1a(unsigned long long hash, const unsigned char *data, size_t size)
-{
-    for (size_t i = 0; i < size; i++) {
-        hash ^= data[i];
-        hash *= FNV_PRIME;
-    }
-    return hash;
-}
 
 static int fail(const char *what, const char *detail)
 {
@@ -66,7 +57,7 @@ static long rounds_of(const char *query)
 static int self_test(void)
 {
     /* FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (the algorithm's published test vector). */
-    unsigned long long hash = fnv1a(FNV_OFFSET, (const unsigned char *)"a", 1);
+    unsigned long long hash = fnv1a64(FNV1A64_OFFSET, "a", 1);
     printf("fnv1a_a=%016llx valid=%d\n", hash, hash == 0xaf63dc4c8601ec8cULL);
     return hash == 0xaf63dc4c8601ec8cULL ? 0 : 1;
 }
@@ -100,9 +91,9 @@ int main(int argc, char **argv)
         free(page);
         return fail(path, "unreadable, empty or larger than 16 MiB");
     }
-    unsigned long long hash = FNV_OFFSET;
+    unsigned long long hash = FNV1A64_OFFSET;
     for (long r = 0; r < rounds; r++)
-        hash = fnv1a(hash, page, size);
+        hash = fnv1a64(hash, page, size);
     free(page);
     printf("Content-Type: text/plain\r\nX-Virtlab-Cgi: 1\r\n\r\n%016llx\n", hash);
     return 0;

@@ -24,7 +24,6 @@ negative errno (-ENOENT: not present, -EBUSY, -EFAULT...).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
@@ -37,10 +36,12 @@ from typing import Any, Protocol
 from virtlab.control.placement import (
     SYS_MIGRATE_PAGES,
     ControlError,
+    SyscallError,
     bind_memory,
     format_cpu_list,
     host_nodes,
-    nodemask,
+    migrate_pages,
+    page_syscall,
     parse_cpu_list,
     pin_threads,
     usable_cpus,
@@ -96,12 +97,6 @@ class PageMoves:
                 "failed": self.failed}  # fmt: skip
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
 def _check_node(node: int, nodes: Sequence[int] | None = None) -> None:
     valid = tuple(nodes) if nodes is not None else host_nodes()
     if node not in valid:
@@ -117,15 +112,10 @@ def _syscall_move_pages(pid: int, addresses: Sequence[int], node: int | None) ->
     pages = (ctypes.c_void_p * count)(*addresses)
     nodes = (ctypes.c_int * count)(*([node] * count)) if node is not None else None
     status = (ctypes.c_int * count)()
-    result = _libc().syscall(
-        ctypes.c_long(number), ctypes.c_long(pid), ctypes.c_ulong(count), pages, nodes, status,
-        ctypes.c_int(MPOL_MF_MOVE),
-    )  # fmt: skip
-    if result < 0:
-        code = ctypes.get_errno()
-        if code == errno.ESRCH:
-            raise ProcessLookupError(f"process {pid} does not exist")
-        raise ActuatorError(f"move_pages({pid}, {count} pages -> node {node}): {os.strerror(code)}")
+    try:
+        page_syscall(number, pid, ctypes.c_ulong(count), pages, nodes, status, ctypes.c_int(MPOL_MF_MOVE))
+    except SyscallError as error:
+        raise ActuatorError(f"move_pages({pid}, {count} pages -> node {node}): {error.strerror}") from None
     return list(status)
 
 
@@ -205,19 +195,10 @@ def move_memory(pid: int, from_nodes: Iterable[int] | None, to_node: int) -> int
     number = SYS_MIGRATE_PAGES.get(platform.machine())
     if number is None:
         raise ActuatorError(f"no migrate_pages system call number known for {platform.machine()}")
-    width = max(*sources, to_node) + 1
-    old, maxnode = nodemask(sources, width)
-    new, _ = nodemask([to_node], width)
-    array = ctypes.c_ulong * len(old)
-    result = _libc().syscall(
-        ctypes.c_long(number), ctypes.c_long(pid), ctypes.c_ulong(maxnode), array(*old), array(*new)
-    )
-    if result < 0:
-        code = ctypes.get_errno()
-        if code == errno.ESRCH:
-            raise ProcessLookupError(f"process {pid} does not exist")
-        raise ActuatorError(f"migrate_pages({pid}, {sources} -> {to_node}): {os.strerror(code)}")
-    return int(result)
+    try:
+        return migrate_pages(number, pid, sources, to_node)
+    except SyscallError as error:
+        raise ActuatorError(f"migrate_pages({pid}, {sources} -> {to_node}): {error.strerror}") from None
 
 
 def pin_vcpu(tid: int, cpus: Iterable[int]) -> frozenset[int]:

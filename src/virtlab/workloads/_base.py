@@ -117,6 +117,17 @@ def register_workload(cls: type[Workload]) -> type[Workload]:
     return cls
 
 
+def line_values(text: str) -> dict[str, str]:
+    """``key=value`` lines, the value running to the end of its line (spaces and all); later lines win,
+    lines whose key would hold a space are ignored."""
+    pairs = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and " " not in key:
+            pairs[key] = value.strip()
+    return pairs
+
+
 def key_values(output: str) -> dict[str, str]:
     """The ``key=value`` pairs a kernel prints, later lines winning; other lines are ignored."""
     pairs: dict[str, str] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -99,6 +100,58 @@ class DiskWorkload(Workload):
 
     def diskio(self, bin_dir: str, mode: str, *options: str) -> list[str]:
         return [f"{bin_dir}/{KERNEL}", "-m", mode, "-d", self.params.directory, *options]
+
+
+class FioWorkload(DiskWorkload):
+    """A disk workload whose trial is one fio run (JSON output) on one file, inside the diskio kernel's
+    fio mode."""
+
+    tools: ClassVar[tuple[str, ...]] = ("fio",)
+    fio_file: ClassVar[str]
+    """The file fio works on, in the trial's directory."""
+
+    def fio_command(self, bin_dir: str, size_mb: int, direct: bool, *options: str) -> list[str]:
+        """diskio (``size_mb`` MiB of room, O_DIRECT if ``direct``) running fio on ``fio_file`` of
+        ``size_mb`` MiB with ``options``: the I/O and the jobs."""
+        fio = [
+            "fio", "--output-format=json", "--eta=never", f"--filename={self.fio_file}", f"--size={size_mb}M",
+            *options,
+        ]  # fmt: skip
+        flags = ["-D"] if direct else []
+        return self.diskio(bin_dir, "fio", "-s", str(size_mb), *flags, "--", *fio)
+
+    def fio_run(self, output: str, job_names: list[str]) -> FioRun:
+        """The trial's output read: a ParseError unless fio ran exactly ``job_names``, without errors."""
+        pairs, report = split_fio_output(output, self.kind)
+        return FioRun(self.kind, pairs, report, fio_jobs(report, job_names, self.kind))
+
+
+@dataclass(frozen=True)
+class FioRun:
+    """One fio run as the diskio kernel reports it: its key=value lines, fio's JSON, the jobs by name."""
+
+    kind: str
+    pairs: dict[str, str]
+    report: dict[str, Any]
+    jobs: dict[str, dict[str, Any]]
+
+    @property
+    def place(self) -> dict[str, Any]:
+        """What the kernel found out about the directory's file system (``place_metadata``)."""
+        return place_metadata(self.pairs, self.kind)
+
+    @property
+    def cache(self) -> str:
+        """How the page cache was kept out: direct, or not-defeated."""
+        return self.pairs["cache"]
+
+    @property
+    def version(self) -> str:
+        return self.report.get("fio version", "unknown")
+
+    def stats(self, job: str, direction: str) -> dict[str, float]:
+        """``fio_direction`` of one job."""
+        return fio_direction(self.jobs[job], direction, self.kind)
 
 
 def key_value_lines(lines: list[str]) -> dict[str, str]:

@@ -69,6 +69,24 @@ trap 'rm -rf -- "$dir"' EXIT
 trap 'exit 143' TERM INT HUP
 """
 
+_SECTION = re.compile(r"^=== (.+?)(?: (\S+=\S+.*))?$")
+
+
+def split_sections(output: str) -> dict[str, str]:
+    """The client's output by its ``=== name`` lines: name -> the text up to the next one (a
+    section line's own ``key=value`` words stay with it)."""
+    sections: dict[str, str] = {}
+    name = None
+    for line in output.splitlines():
+        match = _SECTION.match(line)
+        if match:
+            name = match.group(1)
+            sections[name] = (match.group(2) or "") + "\n"
+        elif name is not None:
+            sections[name] += line + "\n"
+    return sections
+
+
 _TIMES = re.compile(r"^(\d+)m\s*([\d.]+)s\s+(\d+)m\s*([\d.]+)s\s*$", re.M)
 
 

@@ -51,9 +51,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import RunsForADuration, WorkloadParams, register_workload
+from virtlab.workloads._base import RunsForADuration, WorkloadParams, line_values, register_workload
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role
-from virtlab.workloads._service import PRIVATE_DIR, client_cpu_seconds, study_token, with_run_as
+from virtlab.workloads._service import (
+    PRIVATE_DIR,
+    client_cpu_seconds,
+    split_sections,
+    study_token,
+    with_run_as,
+)
 
 PORT = 15432
 USER = "postgres"
@@ -240,7 +246,7 @@ class Database(PeerWorkload):
     # -- what it says --------------------------------------------------------------------
     def parse(self, output: str) -> list[Sample]:
         p = self.params
-        sections = _sections(output)
+        sections = split_sections(output)
         for name in ("server", "init", "run"):
             if name not in sections:
                 raise ParseError(f"database: no '{name}' part in the output (did the client run to the end?)")
@@ -267,7 +273,7 @@ class Database(PeerWorkload):
                 f"database: {failed} of {processed + failed} transactions failed ({failed_pct:.3f}%), "
                 f"over max_error_pct {p.max_error_pct:g}%"
             )
-        server = _key_values(sections["server"])
+        server = line_values(sections["server"])
         try:
             cpu = client_cpu_seconds(sections.get("client cpu", ""))
         except ParseError as error:
@@ -299,7 +305,6 @@ class Database(PeerWorkload):
 
 
 # -- parsing -------------------------------------------------------------------------------
-_SECTION = re.compile(r"^=== (.+)$")
 _VERSION = re.compile(r"^pgbench \((.+)\)$", re.M)
 _SETTING = re.compile(r"^(transaction type|scaling factor|query mode|number of clients|number of threads|"
                       r"maximum number of tries|duration): (.+)$", re.M)  # fmt: skip
@@ -311,28 +316,6 @@ _CONNECTION = re.compile(r"^initial connection time = ([\d.]+) ms$", re.M)
 _TPS = re.compile(r"^tps = ([\d.]+) \(without initial connection time\)$", re.M)
 _PROGRESS = re.compile(r"^progress: [\d.]+ s, ([\d.]+) tps,", re.M)
 _INIT_DONE = re.compile(r"^done in ([\d.]+) s", re.M)
-
-
-def _sections(output: str) -> dict[str, str]:
-    sections: dict[str, str] = {}
-    name = None
-    for line in output.splitlines():
-        match = _SECTION.match(line)
-        if match:
-            name = match.group(1)
-            sections[name] = ""
-        elif name is not None:
-            sections[name] += line + "\n"
-    return sections
-
-
-def _key_values(text: str) -> dict[str, str]:
-    pairs = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and " " not in key:
-            pairs[key] = value.strip()
-    return pairs
 
 
 def parse_pgbench(text: str) -> dict[str, Any]:

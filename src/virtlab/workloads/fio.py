@@ -35,19 +35,8 @@ from pydantic import Field, field_validator, model_validator
 
 from virtlab.samples import ParseError, Sample
 from virtlab.workloads._base import WorkloadParams, register_workload
-from virtlab.workloads._disk import (
-    DiskParams,
-    DiskWorkload,
-    fio_direction,
-    fio_jobs,
-    moving_s,
-    place_metadata,
-    split_fio_output,
-    timeout_follows_work,
-    work_timeout,
-)
+from virtlab.workloads._disk import DiskParams, FioWorkload, moving_s, timeout_follows_work, work_timeout
 
-FIO_FILE = "virtlab.fio"
 MEASURES = (("mbs", "MB/s", "higher"), ("iops", "IO/s", "higher"),
             ("lat_mean_us", "us", "lower"), ("lat_p99_us", "us", "lower"))  # fmt: skip
 
@@ -114,14 +103,14 @@ class FioParams(DiskParams):
 
 
 @register_workload
-class Fio(DiskWorkload):
+class Fio(FioWorkload):
     kind: ClassVar[str] = "fio"
     summary: ClassVar[str] = (
         "fio with seed 001's Iometer patterns (sequential, database, fileserver) at queue depths 1..32: "
         "MB/s, IOPS, mean and p99 latency"
     )
     Params: ClassVar[type[WorkloadParams]] = FioParams
-    tools: ClassVar[tuple[str, ...]] = ("fio",)
+    fio_file: ClassVar[str] = "virtlab.fio"
     params: FioParams
 
     @property
@@ -143,7 +132,6 @@ class Fio(DiskWorkload):
     def command(self, bin_dir: str) -> list[str]:
         p, pattern = self.params, self.pattern
         fio = [
-            "fio", "--output-format=json", "--eta=never", f"--filename={FIO_FILE}", f"--size={p.size_mb}M",
             f"--ioengine={p.ioengine}", f"--bs={pattern.block_kb}k", f"--runtime={p.runtime_s}",
             "--time_based", f"--ramp_time={p.ramp_s}", "--lat_percentiles=1",
         ]  # fmt: skip
@@ -155,23 +143,21 @@ class Fio(DiskWorkload):
                 fio += [f"--rw={'randrw' if pattern.random else 'rw'}", f"--rwmixread={pattern.read_pct}"]
             else:
                 fio.append(f"--rw={'rand' if pattern.random else ''}{kind}")
-        flags = ["-D"] if p.direct else []
-        return self.diskio(bin_dir, "fio", "-s", str(p.size_mb), *flags, "--", *fio)
+        return self.fio_command(bin_dir, p.size_mb, p.direct, *fio)
 
     def parse(self, output: str) -> list[Sample]:
-        pairs, report = split_fio_output(output, "fio")
-        jobs = fio_jobs(report, [name for name, _, _ in self.jobs()], "fio")
+        trial = self.fio_run(output, [name for name, _, _ in self.jobs()])
         pattern, p = self.pattern, self.params
         common = {
-            **place_metadata(pairs, "fio"),
+            **trial.place,
             "pattern": p.pattern,
             "block_kb": pattern.block_kb,
             "read_pct": pattern.read_pct,
             "random": pattern.random,
             "ioengine": p.ioengine,
-            "cache": pairs["cache"],
+            "cache": trial.cache,
             "size_mb": p.size_mb,
-            "fio_version": report.get("fio version", "unknown"),
+            "fio_version": trial.version,
         }
         samples = []
         for name, depth, kind in self.jobs():
@@ -181,7 +167,7 @@ class Fio(DiskWorkload):
                 else [(kind, f"_{kind}")]
             )
             for direction, suffix in directions:
-                stats = fio_direction(jobs[name], direction, "fio")
+                stats = trial.stats(name, direction)
                 metadata = {**common, "iodepth": depth, "direction": direction, **_extra(stats)}
                 prefix = f"{p.pattern}_qd{depth}{suffix}"
                 samples += [

@@ -21,19 +21,7 @@ from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
 from virtlab.workloads._base import WorkloadParams, register_workload
-from virtlab.workloads._disk import (
-    DiskParams,
-    DiskWorkload,
-    fio_direction,
-    fio_jobs,
-    moving_s,
-    place_metadata,
-    split_fio_output,
-    timeout_follows_work,
-    work_timeout,
-)
-
-FIO_FILE = "virtlab-latency.fio"
+from virtlab.workloads._disk import DiskParams, FioWorkload, moving_s, timeout_follows_work, work_timeout
 
 
 class FioLatencyParams(DiskParams):
@@ -64,13 +52,13 @@ class FioLatencyParams(DiskParams):
 
 
 @register_workload
-class FioLatency(DiskWorkload):
+class FioLatency(FioWorkload):
     kind: ClassVar[str] = "fio_latency"
     summary: ClassVar[str] = (
         "fio large-block direct read latency (seed 003: 64 MB blocks, 10 runs), mean and max ms"
     )
     Params: ClassVar[type[WorkloadParams]] = FioLatencyParams
-    tools: ClassVar[tuple[str, ...]] = ("fio",)
+    fio_file: ClassVar[str] = "virtlab-latency.fio"
     params: FioLatencyParams
 
     def written_mb(self) -> int:
@@ -81,19 +69,14 @@ class FioLatency(DiskWorkload):
 
     def command(self, bin_dir: str) -> list[str]:
         p = self.params
-        fio = [
-            "fio", "--output-format=json", "--eta=never", f"--filename={FIO_FILE}", f"--size={p.file_mb}M",
-            f"--bs={p.block_mb}M", f"--ioengine={p.ioengine}", "--rw=read",
-        ]  # fmt: skip
+        fio = [f"--bs={p.block_mb}M", f"--ioengine={p.ioengine}", "--rw=read"]
         for name in self.job_names():
             fio += [f"--name={name}", "--stonewall"]
-        flags = ["-D"] if p.direct else []
-        return self.diskio(bin_dir, "fio", "-s", str(p.file_mb), *flags, "--", *fio)
+        return self.fio_command(bin_dir, p.file_mb, p.direct, *fio)
 
     def parse(self, output: str) -> list[Sample]:
-        pairs, report = split_fio_output(output, "fio_latency")
-        jobs = fio_jobs(report, self.job_names(), "fio_latency")
-        runs = [fio_direction(jobs[name], "read", "fio_latency") for name in self.job_names()]
+        trial = self.fio_run(output, self.job_names())
+        runs = [trial.stats(name, "read") for name in self.job_names()]
         whole = self.params.file_mb * 2**20
         for name, run in zip(self.job_names(), runs, strict=True):
             if run["io_bytes"] != whole:
@@ -105,8 +88,8 @@ class FioLatency(DiskWorkload):
         max_ms = max(run["lat_max_us"] for run in runs) / 1e3
         p = self.params
         metadata = {
-            **place_metadata(pairs, "fio_latency"),
-            "cache": pairs["cache"],
+            **trial.place,
+            "cache": trial.cache,
             "block_mb": p.block_mb,
             "file_mb": p.file_mb,
             "runs": p.runs,
@@ -115,7 +98,7 @@ class FioLatency(DiskWorkload):
             "run_lat_mean_ms": [round(run["lat_mean_us"] / 1e3, 3) for run in runs],
             "run_lat_max_ms": [round(run["lat_max_us"] / 1e3, 3) for run in runs],
             "run_read_mbs": [round(run["mbs"], 3) for run in runs],
-            "fio_version": report.get("fio version", "unknown"),
+            "fio_version": trial.version,
         }
         return [
             Sample("lat_mean_ms", round(mean_ms, 6), "ms", "lower", dict(metadata)),

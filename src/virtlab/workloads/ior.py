@@ -20,19 +20,8 @@ from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
 from virtlab.workloads._base import WorkloadParams, register_workload
-from virtlab.workloads._disk import (
-    DiskParams,
-    DiskWorkload,
-    fio_direction,
-    fio_jobs,
-    moving_s,
-    place_metadata,
-    split_fio_output,
-    timeout_follows_work,
-    work_timeout,
-)
+from virtlab.workloads._disk import DiskParams, FioWorkload, moving_s, timeout_follows_work, work_timeout
 
-FIO_FILE = "virtlab-ior.fio"
 PASSES = ("write", "read")
 
 
@@ -66,11 +55,11 @@ class IorParams(DiskParams):
 
 
 @register_workload
-class Ior(DiskWorkload):
+class Ior(FioWorkload):
     kind: ClassVar[str] = "ior"
     summary: ClassVar[str] = "IOR-style write then read-back of one file (seed 000), done with fio, MB/s"
     Params: ClassVar[type[WorkloadParams]] = IorParams
-    tools: ClassVar[tuple[str, ...]] = ("fio",)
+    fio_file: ClassVar[str] = "virtlab-ior.fio"
     params: IorParams
 
     def written_mb(self) -> int:
@@ -78,30 +67,27 @@ class Ior(DiskWorkload):
 
     def command(self, bin_dir: str) -> list[str]:
         p = self.params
-        fio = [
-            "fio", "--output-format=json", "--eta=never", f"--filename={FIO_FILE}", f"--size={p.size_mb}M",
+        return self.fio_command(
+            bin_dir, p.size_mb, p.direct,
             f"--bs={p.transfer_kb}k", "--ioengine=psync", "--fallocate=none",
             "--name=write", "--rw=write", f"--end_fsync={int(p.fsync)}",
             "--name=read", "--stonewall", "--rw=read", "--invalidate=0",
-        ]  # fmt: skip
-        flags = ["-D"] if p.direct else []
-        return self.diskio(bin_dir, "fio", "-s", str(p.size_mb), *flags, "--", *fio)
+        )  # fmt: skip
 
     def parse(self, output: str) -> list[Sample]:
-        pairs, report = split_fio_output(output, "ior")
-        jobs = fio_jobs(report, list(PASSES), "ior")
+        trial = self.fio_run(output, list(PASSES))
         p = self.params
-        direct = pairs["cache"] == "direct"
+        direct = trial.cache == "direct"
         common = {
-            **place_metadata(pairs, "ior"),
+            **trial.place,
             "size_mb": p.size_mb,
             "transfer_kb": p.transfer_kb,
             "fsync": p.fsync,
-            "fio_version": report.get("fio version", "unknown"),
+            "fio_version": trial.version,
         }
         samples = []
         for name in PASSES:
-            stats = fio_direction(jobs[name], name, "ior")
+            stats = trial.stats(name, name)
             if stats["io_bytes"] != p.size_mb * 2**20:
                 raise ParseError(f"ior: the {name} pass moved {stats['io_bytes']} bytes, not {p.size_mb} MiB")
             cache = "direct" if direct else "fsync" if name == "write" and p.fsync else "not-defeated"

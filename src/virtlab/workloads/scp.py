@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab.samples import ParseError, Sample
-from virtlab.workloads._base import WorkloadParams, register_workload, timeout_follows
+from virtlab.workloads._base import WorkloadParams, line_values, register_workload, timeout_follows
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role, ServerPlace
 
 if TYPE_CHECKING:
@@ -278,13 +278,13 @@ class Scp(PeerWorkload):
     # -- what it says --------------------------------------------------------------------
     def unavailable(self, client: CommandResult, servers: list[CommandResult]) -> str | None:
         cipher = self.params.cipher
-        said = lines_of(client.stdout)
+        said = line_values(client.stdout)
         if said.get("offered") == "0":
             version = short_version(said.get("openssh"))
             return f"{cipher}: not offered by this OpenSSH ({version}, the client's)"
         for server in servers:
             if "Bad SSH2 cipher spec" in server.stderr:
-                version = short_version(lines_of(server.stderr).get("sshd_version"))
+                version = short_version(line_values(server.stderr).get("sshd_version"))
                 return f"{cipher}: not offered by this OpenSSH ({version}, the server's sshd)"
         return None
 
@@ -304,7 +304,7 @@ class Scp(PeerWorkload):
 
     def parse(self, output: str) -> list[Sample]:
         p = self.params
-        said = lines_of(output)
+        said = line_values(output)
         if said.get("offered") == "0":
             raise ParseError(f"scp: {p.cipher} is not offered by this OpenSSH")
         records = tty_records(output)
@@ -354,16 +354,6 @@ class Scp(PeerWorkload):
               "interval_mbs": interval}  # fmt: skip
         samples.append(Sample("at_50pct_mbs", meter_rate(match), "MB/s", "higher", at))
         return samples
-
-
-def lines_of(text: str) -> dict[str, str]:
-    """``key=value`` lines, the value running to the end of its line; later lines win."""
-    pairs = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and " " not in key:
-            pairs[key] = value.strip()
-    return pairs
 
 
 def tty_records(output: str) -> list[tuple[float, str]]:

@@ -72,7 +72,13 @@ from pydantic import Field, model_validator
 from virtlab.samples import ParseError, Sample
 from virtlab.workloads._base import RunsForADuration, WorkloadParams, register_workload
 from virtlab.workloads._peer import MAX_PEERS, PairParams, PeerWorkload, Role
-from virtlab.workloads._service import PRIVATE_DIR, client_cpu_seconds, study_token, with_run_as
+from virtlab.workloads._service import (
+    PRIVATE_DIR,
+    client_cpu_seconds,
+    split_sections,
+    study_token,
+    with_run_as,
+)
 
 KERNEL = "webcgi"
 PORT = 18080
@@ -559,7 +565,6 @@ http {
 """
 
 # -- parsing -------------------------------------------------------------------------------
-_SECTION = re.compile(r"^=== (.+?)(?: (\S+=\S+.*))?$")
 _WRK_RATE = re.compile(r"^Requests/sec:\s+([\d.]+)", re.M)
 _WRK_TOTAL = re.compile(r"^\s*(\d+) requests in ([\d.]+)(us|ms|s|m|h), ([\d.]+)(B|KB|MB|GB|TB) read", re.M)
 _WRK_SHAPE = re.compile(r"^\s*(\d+) threads and (\d+) connections", re.M)
@@ -569,21 +574,6 @@ _WRK_NON2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)")
 _TIME_US = {"us": 1.0, "ms": 1e3, "s": 1e6, "m": 60e6, "h": 3600e6}
 _COUNTS = ("requests", "duration_us", "bytes", "connect", "read", "write", "status", "timeout", "sent_cgi",
            "sent_static", "got_cgi", "got_static", "bad")  # fmt: skip
-
-
-def split_sections(output: str) -> dict[str, str]:
-    """The client's output by its ``=== name`` lines: name -> the text up to the next one (a
-    section line's own ``key=value`` words stay with it)."""
-    sections: dict[str, str] = {}
-    name = None
-    for line in output.splitlines():
-        match = _SECTION.match(line)
-        if match:
-            name = match.group(1)
-            sections[name] = (match.group(2) or "") + "\n"
-        elif name is not None:
-            sections[name] += line + "\n"
-    return sections
 
 
 def parse_wrk(text: str, scheme: str) -> dict[str, Any]:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
 
 from virtlab.numa.placement import Placement, diff, moved_mib
-from virtlab.numa.policies._base import Policy, PolicyParams, register_policy
-from virtlab.numa.policies._layout import all_profiles, start, with_default_arrival
+from virtlab.numa.policies._base import Policy, PolicyParams, Situation, register_policy
 from virtlab.numa.profile import VmProfile
 from virtlab.numa.topology import Topology
 
@@ -48,24 +47,16 @@ class AsymSchedParams(PolicyParams):
 
 
 @register_policy
-class AsymSched(Policy):
+class AsymSched(Policy[AsymSchedParams]):
     name: ClassVar[str] = "asymsched"
     summary: ClassVar[str] = "least-moving assignment within 90% of the best inter-node bandwidth score"
     Params: ClassVar[type[PolicyParams]] = AsymSchedParams
 
-    def plan(
-        self,
-        topology: Topology,
-        profiles: Mapping[str, VmProfile],
-        current: Placement,
-        arriving: VmProfile | None = None,
-        params: PolicyParams | Mapping[str, Any] | None = None,
-    ) -> Placement:
-        p: AsymSchedParams = self.params(params)  # type: ignore[assignment]
-        everyone = all_profiles(profiles, arriving)
-        baseline = with_default_arrival(topology, current, everyone, arriving)
+    def layout(self, now: Situation, p: AsymSchedParams) -> Placement:
+        topology, current = now.topology, now.current
+        baseline = now.default_arrival()
         n_nodes = len(topology.nodes)
-        bandwidth = {vm: _bandwidth(everyone.get(vm), p) for vm in baseline}
+        bandwidth = {vm: _bandwidth(now.everyone.get(vm), p) for vm in baseline}
         heavy = sorted(
             (vm for vm, bw in bandwidth.items() if bw is not None and bw >= p.min_bandwidth_mbs and bw > 0),
             key=lambda vm: (-bandwidth[vm], vm),
@@ -73,7 +64,7 @@ class AsymSched(Policy):
         if n_nodes < 2 or not heavy:
             return baseline
         k = max(1, min(len(heavy), int(math.log(p.max_candidates) / math.log(n_nodes) + 1e-9)))
-        arriving_vm = arriving.vm if arriving is not None and arriving.vm not in current else None
+        arriving_vm = now.newcomer
         if arriving_vm in heavy[k:]:
             # The arriving VM is always placed: it is the one whose layout is being decided.
             heavy = [vm for vm in heavy[: k - 1]] + [arriving_vm]
@@ -81,7 +72,7 @@ class AsymSched(Policy):
 
         choice = self._choose(topology, current, baseline, heavy, bandwidth, arriving_vm, p)
 
-        ledger = start(topology, current, everyone, arriving)
+        ledger = now.ledger()
         ids = topology.node_ids
         light = sorted((vm for vm in baseline if vm not in heavy), key=lambda vm: (bandwidth[vm] or 0.0, vm))
         for vm, pos in zip(heavy, choice, strict=True):

@@ -3,29 +3,17 @@ puts it (vCPUs on the least-loaded node, memory from that node's free memory, th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from virtlab.numa.placement import Placement
-from virtlab.numa.policies._base import Policy, PolicyParams, register_policy
-from virtlab.numa.policies._layout import all_profiles, with_default_arrival
-from virtlab.numa.profile import VmProfile
-from virtlab.numa.topology import Topology
+from virtlab.numa.policies._base import Policy, PolicyParams, Situation, register_policy
 
 
 @register_policy
-class Default(Policy):
+class Default(Policy[PolicyParams]):
     name: ClassVar[str] = "default"
     summary: ClassVar[str] = "no change; the arriving VM goes where the hypervisor's default puts it"
     replans: ClassVar[bool] = False
 
-    def plan(
-        self,
-        topology: Topology,
-        profiles: Mapping[str, VmProfile],
-        current: Placement,
-        arriving: VmProfile | None = None,
-        params: PolicyParams | Mapping[str, Any] | None = None,
-    ) -> Placement:
-        self.params(params)
-        return with_default_arrival(topology, current, all_profiles(profiles, arriving), arriving)
+    def layout(self, now: Situation, p: PolicyParams) -> Placement:
+        return now.default_arrival()

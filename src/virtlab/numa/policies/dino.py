@@ -17,17 +17,15 @@ so that they do not contend for a node's LLC and memory controller; memory follo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
 from scipy.optimize import linear_sum_assignment
 
 from virtlab.numa.placement import Placement
-from virtlab.numa.policies._base import Policy, PolicyParams, register_policy
-from virtlab.numa.policies._layout import all_profiles, start
-from virtlab.numa.profile import DEVIL_MAX_PER_10K, TURTLE_MAX_PER_10K, VmProfile, classify
-from virtlab.numa.topology import Topology
+from virtlab.numa.policies._base import Policy, PolicyParams, Situation, register_policy
+from virtlab.numa.profile import DEVIL_MAX_PER_10K, TURTLE_MAX_PER_10K, classify
 
 SPREAD = ("super-devil", "devil")
 """The classes DINO spreads; turtles neither cause nor suffer much contention and stay put."""
@@ -55,32 +53,20 @@ def snake(n_nodes: int, count: int) -> list[int]:
 
 
 @register_policy
-class Dino(Policy):
+class Dino(Policy[DinoParams]):
     name: ClassVar[str] = "dino"
     summary: ClassVar[str] = "spread high-miss VMs over nodes in snake order; memory follows the vCPUs"
     Params: ClassVar[type[PolicyParams]] = DinoParams
 
-    def plan(
-        self,
-        topology: Topology,
-        profiles: Mapping[str, VmProfile],
-        current: Placement,
-        arriving: VmProfile | None = None,
-        params: PolicyParams | Mapping[str, Any] | None = None,
-    ) -> Placement:
-        p: DinoParams = self.params(params)  # type: ignore[assignment]
-        everyone = all_profiles(profiles, arriving)
-        ledger = start(topology, current, everyone, arriving)
+    def layout(self, now: Situation, p: DinoParams) -> Placement:
+        ledger = now.ledger()
         new = set(ledger.unplaced)
-        ids = topology.node_ids
-        rate = {
-            vm: everyone[vm].misses_per_10k(p.damping_samples) if vm in everyone else None
-            for vm in ledger.vcpus
-        }
+        ids = now.topology.node_ids
+        rate = now.misses_per_10k(ledger.vcpus, p.damping_samples)
         cls = {vm: classify(r, p.turtle_max, p.devil_max) for vm, r in rate.items()}
         ranked = sorted((vm for vm in ledger.vcpus if cls[vm] in SPREAD), key=lambda vm: _rank(vm, cls, rate))
         if not ranked:
-            return current if not new else ledger.placement()
+            return now.current if not new else ledger.placement()
 
         # Quota of each class per node position, from dealing the ranked VMs in snake order.
         n, k = len(ids), len(SPREAD)
@@ -90,7 +76,7 @@ class Dino(Policy):
 
         # Present count of each class per node (arriving VMs are nowhere yet).
         present = np.zeros((n, k), dtype=int)
-        home = {vm: topology.index(ledger.vcpus[vm][0]) for vm in ranked if vm not in new}
+        home = {vm: now.topology.index(ledger.vcpus[vm][0]) for vm in ranked if vm not in new}
         for vm, pos in home.items():
             present[pos, SPREAD.index(cls[vm])] += 1
 
@@ -110,7 +96,10 @@ class Dino(Policy):
         for pos in range(n):
             here = sorted(
                 (vm for vm, h in home.items() if h == pos),
-                key=lambda vm: (-len(everyone[vm].samples) if vm in everyone else 0, _rank(vm, cls, rate)),
+                key=lambda vm: (
+                    -len(now.everyone[vm].samples) if vm in now.everyone else 0,
+                    _rank(vm, cls, rate),
+                ),
             )
             for vm in here:
                 c = SPREAD.index(cls[vm])
@@ -138,7 +127,7 @@ class Dino(Policy):
             ledger.pull(vm, node, leaving)
         changed = bool(movers)
         if not changed and not new:
-            return current
+            return now.current
         return ledger.placement()
 
 

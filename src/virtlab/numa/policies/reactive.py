@@ -14,10 +14,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from virtlab.numa.placement import Placement
-from virtlab.numa.policies._base import POLICIES, Policy, PolicyParams, register_policy
-from virtlab.numa.policies._layout import all_profiles, with_default_arrival
-from virtlab.numa.profile import VmProfile
-from virtlab.numa.topology import Topology
+from virtlab.numa.policies._base import POLICIES, Policy, PolicyParams, Situation, register_policy
 
 DEFAULT_WINDOW_S = 10.0
 """Monitoring window before the first re-plan. The paper does not state its window; 10 s is the value
@@ -43,26 +40,17 @@ class ReactiveParams(PolicyParams):
 
 
 @register_policy
-class Reactive(Policy):
+class Reactive(Policy[ReactiveParams]):
     name: ClassVar[str] = "reactive"
     summary: ClassVar[str] = "no change during migration; monitors the arrived VM, plans after window_s"
     Params: ClassVar[type[PolicyParams]] = ReactiveParams
 
-    def plan(
-        self,
-        topology: Topology,
-        profiles: Mapping[str, VmProfile],
-        current: Placement,
-        arriving: VmProfile | None = None,
-        params: PolicyParams | Mapping[str, Any] | None = None,
-    ) -> Placement:
-        p: ReactiveParams = self.params(params)  # type: ignore[assignment]
-        if arriving is not None:
+    def layout(self, now: Situation, p: ReactiveParams) -> Placement:
+        if now.arriving is not None:
             # The transferred profile is ignored: this method has not monitored the VM yet.
-            return with_default_arrival(topology, current, all_profiles(profiles, arriving), arriving)
+            return now.default_arrival()
         then = POLICIES.get(p.then)
-        return then.plan(topology, profiles, current, None, p.then_params)
+        return then.plan(now.topology, now.profiles, now.current, None, p.then_params)
 
     def window_s(self, params: PolicyParams | Mapping[str, Any] | None = None) -> float | None:
-        p: ReactiveParams = self.params(params)  # type: ignore[assignment]
-        return p.window_s
+        return self.params(params).window_s

@@ -12,15 +12,13 @@ memory where it is; a VM without miss counts ranks below every VM that has them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
 from virtlab.numa.placement import Placement
-from virtlab.numa.policies._base import Policy, PolicyParams, register_policy
-from virtlab.numa.policies._layout import all_profiles, start
-from virtlab.numa.profile import TURTLE_MAX_PER_10K, VmProfile
-from virtlab.numa.topology import Topology
+from virtlab.numa.policies._base import Policy, PolicyParams, Situation, register_policy
+from virtlab.numa.profile import TURTLE_MAX_PER_10K
 
 
 class SimpleParams(PolicyParams):
@@ -32,26 +30,14 @@ class SimpleParams(PolicyParams):
 
 
 @register_policy
-class Simple(Policy):
+class Simple(Policy[SimpleParams]):
     name: ClassVar[str] = "simple"
     summary: ClassVar[str] = "higher LLC miss rate, better layout; takes memory from low-miss VMs"
     Params: ClassVar[type[PolicyParams]] = SimpleParams
 
-    def plan(
-        self,
-        topology: Topology,
-        profiles: Mapping[str, VmProfile],
-        current: Placement,
-        arriving: VmProfile | None = None,
-        params: PolicyParams | Mapping[str, Any] | None = None,
-    ) -> Placement:
-        p: SimpleParams = self.params(params)  # type: ignore[assignment]
-        everyone = all_profiles(profiles, arriving)
-        ledger = start(topology, current, everyone, arriving)
-        rates = {
-            vm: (everyone[vm].misses_per_10k(p.damping_samples) if vm in everyone else None)
-            for vm in ledger.vcpus
-        }
+    def layout(self, now: Situation, p: SimpleParams) -> Placement:
+        ledger = now.ledger()
+        rates = now.misses_per_10k(ledger.vcpus, p.damping_samples)
         order = sorted(ledger.vcpus, key=lambda vm: (rates[vm] is None, -(rates[vm] or 0.0), vm))
         moved = False
         for rank, vm in enumerate(order):
@@ -64,8 +50,8 @@ class Simple(Policy):
             victims = [v for v in reversed(order[rank + 1 :]) if rates[v] is None or rates[v] < rate]
             ledger.pull(vm, node, victims)
             moved = True
-        if not moved and (arriving is None or arriving.vm in current):
-            return current
+        if not moved and now.newcomer is None:
+            return now.current
         return ledger.placement()
 
 

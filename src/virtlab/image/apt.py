@@ -110,7 +110,9 @@ def lists_fingerprint(lists_dir: Path = LISTS_DIR) -> str:
     return digest.hexdigest()
 
 
-def _records(text: str) -> list[dict[str, str]]:
+def package_records(text: str) -> list[dict[str, str]]:
+    """The stanzas of a Debian control text that name a package (apt-cache show, dpkg's status), keys
+    in lower case."""
     return [s for s in _deb822_stanzas(text) if "package" in s]
 
 
@@ -130,7 +132,7 @@ def _show(packages: list[str]) -> dict[str, dict[str, str]]:
     done = subprocess.run(
         ["apt-cache", "show", "--no-all-versions", *packages], capture_output=True, text=True, check=False
     )
-    found = {r["package"]: r for r in _records(done.stdout)}
+    found = {r["package"]: r for r in package_records(done.stdout)}
     missing = [p for p in packages if p not in found]
     if missing:
         raise AptError(
