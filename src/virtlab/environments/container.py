@@ -48,6 +48,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from virtlab import network as vnet
 from virtlab.build import KernelBuild, cache_root
+from virtlab.cpulist import format_cpu_list
 from virtlab.environments._base import (
     BackgroundCommand,
     CommandResult,
@@ -169,7 +170,7 @@ class ContainerEnvironment(Environment):
         host_memory = _host_memory_bytes()
         if options.memory_mb is not None and host_memory and options.memory_mb * 2**20 > host_memory:
             problems.append(f"memory_mb = {options.memory_mb} exceeds the host's {host_memory // 2**20} MiB")
-        problems += _tool_problems(tools)
+        problems += guest_tool_problems(tools)
         return problems
 
     @classmethod
@@ -648,21 +649,11 @@ def _cpu_problems(cpus: int | float | list[int] | None) -> list[str]:
         if unknown:
             return [
                 f"cpus = {cpus}: the host has no CPU {', '.join(map(str, unknown))} available "
-                f"(it has {_cpu_ranges(available)}); give ids from that set or a count"
+                f"(it has {format_cpu_list(available)}); give ids from that set or a count"
             ]
     elif cpus is not None and cpus > len(available):
         return [f"cpus = {cpus} is more than the host's {len(available)} CPUs"]
     return []
-
-
-def _cpu_ranges(cpus: list[int]) -> str:
-    ranges: list[list[int]] = []
-    for cpu in cpus:
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def _host_memory_bytes() -> int | None:
@@ -688,7 +679,8 @@ def built_image(spec: ImageSpec | None = None) -> GuestImage | None:
     return load_image(max(found)[1]) if found else None
 
 
-def _tool_problems(tools: tuple[str, ...]) -> list[str]:
+def guest_tool_problems(tools: tuple[str, ...]) -> list[str]:
+    """Problems with the tools a workload needs in the guest image (containers and VMs run its userland)."""
     if not tools:
         return []
     image = built_image()
