@@ -30,6 +30,7 @@ from virtlab.control import ControlError, validate_against_host
 from virtlab.control.environment import EnvironmentControls, controls_for
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD, BackgroundCommand
+from virtlab.environments.abilities import vcpu_count
 from virtlab.errors import MACHINE_ERRORS, InputError, MachineFault, machine_fault_cause
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import Throttle, write_outputs
@@ -171,7 +172,7 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
     problems, space = [], []
     for env in plan.environments:
         if env.control is not None:
-            vcpus = getattr(env.options, "vcpus", None)
+            vcpus = vcpu_count(env.options.abilities())
             problems += [
                 f"environment {env.name!r}: control: {p}"
                 for p in validate_against_host(env.control, vcpus=vcpus)

@@ -60,6 +60,7 @@ from virtlab.environments._base import (
     register_environment,
 )
 from virtlab.environments._process import run_process
+from virtlab.environments.abilities import Ability, BridgeNetwork, ContainerCgroups, CpuLimit
 from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
 from virtlab.metadata import cpu_flags_summary
 from virtlab.nfs import kernel_client_problem
@@ -127,6 +128,10 @@ class ContainerOptions(EnvironmentOptions):
             return None
         return max(1000, round(self.cpus * self.cpu_period_us))
 
+    def abilities(self) -> tuple[Ability, ...]:
+        bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
+        return (CpuLimit(self.cpus, self.cpu_quota_us()), *bridge)
+
 
 @register_environment
 class ContainerEnvironment(Environment):
@@ -147,6 +152,10 @@ class ContainerEnvironment(Environment):
     attachment: vnet.Attachment | None = None
     _network: vnet.VirtualNetwork | None = None
     _execs: Iterator[int] = itertools.count(1)
+
+    def abilities(self) -> tuple[Ability, ...]:
+        cgroups = ContainerCgroups(lambda: self.init_pid, lambda: self.cgroup_paths)
+        return (*super().abilities(), cgroups)
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
