@@ -391,6 +391,20 @@ def steal_seconds(proc_stat: str, ticks_per_s: int = 100) -> float | None:
     return None
 
 
+def split_sections(text: str, marker: str) -> dict[str, str]:
+    """A probe's output in sections, each headed by a line ``<marker><name>``: name -> its text
+    (what comes before the first heading is dropped)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith(marker):
+            current = line[len(marker) :].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+
+
 ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", entry_point_group="virtlab.environments")
 
 

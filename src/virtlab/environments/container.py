@@ -58,6 +58,7 @@ from virtlab.environments._base import (
     HostScope,
     ProcessCommand,
     register_environment,
+    split_sections,
 )
 from virtlab.environments._process import run_process
 from virtlab.environments.abilities import Ability, BridgeNetwork, ContainerCgroups, CpuLimit
@@ -733,15 +734,7 @@ true
 
 
 def parse_probe(output: str) -> dict[str, str]:
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in output.splitlines():
-        if line.startswith("@@ "):
-            current = line[3:].strip()
-            sections[current] = []
-        elif current is not None:
-            sections[current].append(line)
-    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+    return split_sections(output, "@@ ")
 
 
 def describe_inside(probe: dict[str, str], facts: dict[str, Any]) -> dict[str, Any]:
