@@ -17,6 +17,8 @@ from marks import host_fact, needs_runc
 from proc_watch import ProcWatcher
 from virtlab.control.environment import plan_problems
 from virtlab.control.priority import cpu_cgroup_problem
+from virtlab.environments.container import ContainerEnvironment, ContainerOptions
+from virtlab.environments.vm import VmOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab_cli import CLI, cli_env, virtlab
@@ -90,7 +92,10 @@ def test_plan_problems_on_fixed_options():
     assert plan_problems(
         spec, "libvirt", None, "libvirt at qemu+ssh://h/system runs QEMU on that host", None
     )[0][0].endswith("runs QEMU on that host")
-    assert plan_problems(spec, "vm", "process", "", type("O", (), {"vcpus": 2, "pin": None})()) == []
+    assert plan_problems(spec, "vm", "process", "", VmOptions(vcpus=2)) == []
+    assert plan_problems(spec, "vm", "process", "", VmOptions(vcpus=3))[0][0] == (
+        "pin_vcpus has 2 entries for 3 vCPU(s)"
+    )
 
 
 def fake_cgroups(root: Path, files: dict[str, dict[str, str]]) -> dict[str, str]:
@@ -107,7 +112,6 @@ def fake_cgroups(root: Path, files: dict[str, dict[str, str]]) -> dict[str, str]
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_containers_cgroup_files_are_written_and_put_back(tmp_path, version):
-    from types import SimpleNamespace
 
     from virtlab.control import ControlSpec
     from virtlab.control.environment import CgroupControls
@@ -124,7 +128,9 @@ def test_a_containers_cgroup_files_are_written_and_put_back(tmp_path, version):
     paths = fake_cgroups(tmp_path, files)
     spec = ControlSpec(cpu_shares=2048, cpu_quota_pct=50, pin_process=(1,), memory_node=0)
     controls = CgroupControls(spec, "box")
-    controls.provisioned(SimpleNamespace(cgroup_paths=paths, init_pid=None))
+    container = ContainerEnvironment("c", ContainerOptions(), tmp_path)
+    container.cgroup_paths = paths  # what runc state gives a running container
+    controls.provisioned(container)
     written = {name: (tmp_path / name).read_text() for name in controls.written}
     if version == 1:
         assert written == {

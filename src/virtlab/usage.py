@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from virtlab.environments.abilities import ContainerCgroups
 from virtlab.sampler import CpuSampler, cgroup_cpu_file
 
 USAGE_KEY = "cpu_usage"
@@ -66,7 +67,7 @@ class StudyUsage:
                 if source == "process":
                     self.sampler.add(name, pid, per_thread=True, phase="boot")
                 elif source == "cgroup":
-                    counter = cgroup_cpu_file(getattr(environment, "cgroup_paths", None) or {})
+                    counter = cgroup_cpu_file(environment.ability(ContainerCgroups).paths or {})
                     if counter is None:
                         self._notes[name].append("no cgroup CPU counter found: not sampled")
                         return

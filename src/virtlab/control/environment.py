@@ -41,6 +41,7 @@ from virtlab.control import (
     format_cpu_list,
 )
 from virtlab.control.priority import CpuCgroup, find_cpu_cgroup, quota_us, shares_to_weight, weight_to_shares
+from virtlab.environments.abilities import ContainerCgroups, CpuLimit, VcpuProcess, VirtualCpus, vcpu_count
 
 Problem = tuple[str, str]
 """(what is wrong, how to fix it)"""
@@ -57,7 +58,7 @@ def plan_problems(
     if spec.pin_vcpus is not None and scope != "process":
         problems.append((f"pin_vcpus: a {kind} environment has no vCPUs", "use pin_process"))
     if scope == "process":
-        vcpus = getattr(options, "vcpus", None)
+        vcpus = vcpu_count(options.abilities())
         if spec.pin_vcpus is not None and vcpus is not None and len(spec.pin_vcpus) != vcpus:
             problems.append(
                 (
@@ -65,7 +66,11 @@ def plan_problems(
                     "give one host CPU per vCPU",
                 )
             )
-        if getattr(options, "pin", None) is not None and (spec.pin_vcpus or spec.pin_process):
+        if (
+            (cpus := options.offers(VirtualCpus))
+            and cpus.pinned is not None
+            and (spec.pin_vcpus or spec.pin_process)
+        ):
             problems.append(
                 ("the VM's own pin already places its vCPUs",
                  "pin with control.pin_vcpus and drop pin, or the other way")
@@ -77,7 +82,7 @@ def plan_problems(
                  "inside one group: it cannot favour a container against anything outside it",
                  "use cpu_shares (cgroup v1) or cpu_weight (v2)")
             )  # fmt: skip
-        cpus = getattr(options, "cpus", None)
+        cpus = limit.cpus if (limit := options.offers(CpuLimit)) else None
         if spec.cpu_quota_pct is not None and cpus is not None and not isinstance(cpus, list):
             problems.append(
                 (f"cpu_quota_pct and cpus = {cpus} both set the container's CPU quota", "keep one")
@@ -123,10 +128,11 @@ class ProcessControls(EnvironmentControls):
         self._applied: AppliedControls | None = None
 
     def provisioned(self, environment: Any) -> None:
-        pid = environment.qemu_pid
+        process = environment.ability(VcpuProcess)
+        pid = process.pid
         if pid is None:
             raise ControlError(f"{self.name}: no QEMU process to apply the controls to")
-        tids = environment.vcpu_threads if self.spec.pin_vcpus is not None else None
+        tids = process.vcpu_threads if self.spec.pin_vcpus is not None else None
         self._applied = self._controls.apply(pid, tids)
 
     def undo(self) -> None:
@@ -154,8 +160,9 @@ class CgroupControls(EnvironmentControls):
         self.init_cpus: str | None = None
 
     def provisioned(self, environment: Any) -> None:
-        paths: dict[str, str] = environment.cgroup_paths or {}
-        self.pid = environment.init_pid
+        cgroups = environment.ability(ContainerCgroups)
+        paths: dict[str, str] = cgroups.paths or {}
+        self.pid = cgroups.init_pid
         spec = self.spec
         try:
             if spec.needs_cgroup:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from virtlab.cpulist import format_cpu_list, parse_cpu_list
+
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 SYSFS_NODE = Path("/sys/devices/system/node")
 
@@ -49,37 +51,6 @@ class ControlError(RuntimeError):
     def __init__(self, problems: str | Sequence[str]) -> None:
         self.problems = (problems,) if isinstance(problems, str) else tuple(problems)
         super().__init__("\n".join(self.problems))
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """The kernel's list format ("0-3,5", "0-7:2" strides, "" for none) as sorted unique ids."""
-    ids: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        span, _, stride = part.partition(":")
-        first, _, last = span.partition("-")
-        try:
-            lo, hi = int(first), int(last or first)
-            step = int(stride) if stride else 1
-        except ValueError:
-            raise ValueError(f"not a CPU list: {text!r} (expected e.g. '0-3,5')") from None
-        if lo < 0 or hi < lo or step < 1:
-            raise ValueError(f"not a CPU list: {text!r} (bad range {part!r})")
-        ids.update(range(lo, hi + 1, step))
-    return tuple(sorted(ids))
-
-
-def format_cpu_list(ids: Iterable[int]) -> str:
-    """The inverse of ``parse_cpu_list``: runs of consecutive ids collapse to "a-b"."""
-    runs: list[list[int]] = []
-    for cpu in sorted(set(ids)):
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _read_list(path: Path) -> tuple[int, ...] | None:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from virtlab.build import KernelBuild
+from virtlab.environments.abilities import A, Ability, MissingAbility, find
 from virtlab.nfs import NfsExport, mount_argv
 from virtlab.registry import Registry
 from virtlab.samples import Sample
@@ -39,6 +40,14 @@ class EnvironmentOptions(BaseModel):
     """Base of every environment's options: validated, unknown keys refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def abilities(self) -> tuple[Ability, ...]:
+        """What these options promise, known before anything starts (``environments.abilities``)."""
+        return ()
+
+    def offers(self, wanted: type[A]) -> A | None:
+        """The ability of type ``wanted`` these options declare, or None."""
+        return find(self.abilities(), wanted)
 
 
 _DF_TIMEOUT_S = 60.0
@@ -231,6 +240,18 @@ class Environment(ABC):
         of its own: native); or None and the reason (an SSH host runs elsewhere)."""
         return None, f"a {cls.kind} environment runs no process of virtlab's on this host"
 
+    def abilities(self) -> tuple[Ability, ...]:
+        """What this environment offers beyond the common interface: its options' abilities and
+        those of its own (a host process, a console log, ...); see ``environments.abilities``."""
+        return self.options.abilities()
+
+    def ability(self, wanted: type[A]) -> A:
+        """This environment's ability of type ``wanted``; MissingAbility when its kind has none."""
+        found = find(self.abilities(), wanted)
+        if found is None:
+            raise MissingAbility(self.kind, self.name, wanted)
+        return found
+
     def provision(self, kernels: KernelBuild) -> None:
         started = time.monotonic()
         self._create(kernels)
@@ -368,6 +389,20 @@ def steal_seconds(proc_stat: str, ticks_per_s: int = 100) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def split_sections(text: str, marker: str) -> dict[str, str]:
+    """A probe's output in sections, each headed by a line ``<marker><name>``: name -> its text
+    (what comes before the first heading is dropped)."""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith(marker):
+            current = line[len(marker) :].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
 
 
 ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", entry_point_group="virtlab.environments")

@@ -48,6 +48,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from virtlab import network as vnet
 from virtlab.build import KernelBuild, cache_root
+from virtlab.cpulist import format_cpu_list
 from virtlab.environments._base import (
     BackgroundCommand,
     CommandResult,
@@ -57,8 +58,10 @@ from virtlab.environments._base import (
     HostScope,
     ProcessCommand,
     register_environment,
+    split_sections,
 )
 from virtlab.environments._process import run_process
+from virtlab.environments.abilities import Ability, BridgeNetwork, ContainerCgroups, CpuLimit
 from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
 from virtlab.metadata import cpu_flags_summary
 from virtlab.nfs import kernel_client_problem
@@ -126,6 +129,10 @@ class ContainerOptions(EnvironmentOptions):
             return None
         return max(1000, round(self.cpus * self.cpu_period_us))
 
+    def abilities(self) -> tuple[Ability, ...]:
+        bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
+        return (CpuLimit(self.cpus, self.cpu_quota_us()), *bridge)
+
 
 @register_environment
 class ContainerEnvironment(Environment):
@@ -146,6 +153,10 @@ class ContainerEnvironment(Environment):
     attachment: vnet.Attachment | None = None
     _network: vnet.VirtualNetwork | None = None
     _execs: Iterator[int] = itertools.count(1)
+
+    def abilities(self) -> tuple[Ability, ...]:
+        cgroups = ContainerCgroups(lambda: self.init_pid, lambda: self.cgroup_paths)
+        return (*super().abilities(), cgroups)
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
@@ -169,7 +180,7 @@ class ContainerEnvironment(Environment):
         host_memory = _host_memory_bytes()
         if options.memory_mb is not None and host_memory and options.memory_mb * 2**20 > host_memory:
             problems.append(f"memory_mb = {options.memory_mb} exceeds the host's {host_memory // 2**20} MiB")
-        problems += _tool_problems(tools)
+        problems += guest_tool_problems(tools)
         return problems
 
     @classmethod
@@ -648,21 +659,11 @@ def _cpu_problems(cpus: int | float | list[int] | None) -> list[str]:
         if unknown:
             return [
                 f"cpus = {cpus}: the host has no CPU {', '.join(map(str, unknown))} available "
-                f"(it has {_cpu_ranges(available)}); give ids from that set or a count"
+                f"(it has {format_cpu_list(available)}); give ids from that set or a count"
             ]
     elif cpus is not None and cpus > len(available):
         return [f"cpus = {cpus} is more than the host's {len(available)} CPUs"]
     return []
-
-
-def _cpu_ranges(cpus: list[int]) -> str:
-    ranges: list[list[int]] = []
-    for cpu in cpus:
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def _host_memory_bytes() -> int | None:
@@ -688,7 +689,8 @@ def built_image(spec: ImageSpec | None = None) -> GuestImage | None:
     return load_image(max(found)[1]) if found else None
 
 
-def _tool_problems(tools: tuple[str, ...]) -> list[str]:
+def guest_tool_problems(tools: tuple[str, ...]) -> list[str]:
+    """Problems with the tools a workload needs in the guest image (containers and VMs run its userland)."""
     if not tools:
         return []
     image = built_image()
@@ -732,15 +734,7 @@ true
 
 
 def parse_probe(output: str) -> dict[str, str]:
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in output.splitlines():
-        if line.startswith("@@ "):
-            current = line[3:].strip()
-            sections[current] = []
-        elif current is not None:
-            sections[current].append(line)
-    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+    return split_sections(output, "@@ ")
 
 
 def describe_inside(probe: dict[str, str], facts: dict[str, Any]) -> dict[str, Any]:

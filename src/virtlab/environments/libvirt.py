@@ -58,25 +58,23 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 
 from virtlab.build import KernelBuild
+from virtlab.cpulist import format_cpu_list
 from virtlab.environments._base import (
     EnvironmentError_,
     EnvironmentOptions,
     HostScope,
     register_environment,
 )
-from virtlab.environments.vm import (
+from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
-    VmEnvironment,
+    GuestVmEnvironment,
     VmOptions,
-    _alive,
-    _cpu_ranges,
-    _start_ticks,
-    _tail,
     cpu_model,
     kernel_cmdline,
     numa_layout,
 )
 from virtlab.image import qemu_img_info
+from virtlab.qemu import alive, start_ticks, tail, vcpu_threads_by_name
 from virtlab.qmp import GuestAgentError
 
 DEFAULT_URI = "qemu:///system"
@@ -164,7 +162,7 @@ class Owner:
     @classmethod
     def current(cls, workdir: str = "", disk: str = "") -> Owner:
         pid = os.getpid()
-        return cls(pid, _start_ticks(pid), socket.gethostname(), _boot_id(), workdir, disk)
+        return cls(pid, start_ticks(pid), socket.gethostname(), _boot_id(), workdir, disk)
 
     def element(self) -> ET.Element:
         attributes = {
@@ -250,7 +248,7 @@ def _cpu(domain: ET.Element, options: VmOptions, accelerator: str) -> None:
         numa = _sub(cpu, "numa")
         layout = numa_layout(options.vcpus, options.memory_mb, options.numa_nodes)
         for cell, (vcpus, memory) in enumerate(layout):
-            _sub(numa, "cell", id=str(cell), cpus=_cpu_ranges(vcpus), memory=str(memory), unit="MiB")
+            _sub(numa, "cell", id=str(cell), cpus=format_cpu_list(vcpus), memory=str(memory), unit="MiB")
 
 
 def _tuning(domain: ET.Element, options: VmOptions, host_cells: Sequence[Sequence[int]] | None) -> None:
@@ -423,7 +421,7 @@ class VolumeOwner:
         boot = _boot_prefix(boot_id if boot_id is not None else _boot_id())
         if self.boot and boot and self.boot != boot:
             return True
-        return not _alive(self.pid, self.start)
+        return not alive(self.pid, self.start)
 
 
 def volume_xml(name: str, capacity: int, format: str = "raw") -> str:
@@ -643,7 +641,7 @@ def _owner_gone(owner: Owner) -> bool:
         return False
     if owner.boot_id and owner.boot_id != _boot_id():
         return True  # this machine rebooted since
-    return not _alive(owner.pid, owner.start)
+    return not alive(owner.pid, owner.start)
 
 
 def cleanup_leftovers(uri: str = DEFAULT_URI, conn: Any = None) -> list[str]:
@@ -732,12 +730,12 @@ class DomainAgent:
 
 
 @register_environment
-class LibvirtEnvironment(VmEnvironment):
+class LibvirtEnvironment(GuestVmEnvironment):
     """The vm environment's guest and commands; the domain's life through libvirt.
 
-    Inherits from ``VmEnvironment`` everything about the guest (image, kernels, disk, facts,
-    guest-exec with its timeout handling, copy in/out) and replaces how QEMU is started,
-    watched and stopped.
+    ``GuestVmEnvironment`` gives everything about the guest (image, kernels, disk, facts,
+    guest-exec with its timeout handling, copy in/out); this class fills its hooks with how
+    libvirt starts, watches and stops the domain.
     """
 
     kind = "libvirt"
@@ -745,6 +743,7 @@ class LibvirtEnvironment(VmEnvironment):
     Options = LibvirtOptions
 
     options: LibvirtOptions
+    agent_poll_s = _AGENT_POLL_S  # until the agent connects, libvirt answers "not connected" at once
 
     def __init__(self, name: str, options: LibvirtOptions, workdir: Path) -> None:
         super().__init__(name, options, workdir)
@@ -785,34 +784,30 @@ class LibvirtEnvironment(VmEnvironment):
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / CONSOLE_LOG).unlink(missing_ok=True)
         self._conn = connect(self.options.uri)
-        try:
-            self._prepare(kernels)
-            self._start()
-            self._boot()
-            self._facts = self._collect_facts()
-        except BaseException as error:
-            log = self._failure_log()
-            self._stop()
-            if isinstance(error, EnvironmentError_):
-                error.log = log
-                raise
-            if isinstance(error, (GuestAgentError, OSError, _libvirt().libvirtError)):
-                raise EnvironmentError_(f"libvirt VM {self.name}: {error}", log) from error
-            raise
+        self._provision_guest(
+            (lambda: self._prepare(kernels), self._start, self._boot, self._read_facts),
+            (GuestAgentError, OSError, _libvirt().libvirtError),
+        )
+
+    @property
+    def label(self) -> str:
+        return f"libvirt VM {self.name}"
 
     def manifest(self) -> dict[str, Any]:
-        manifest = super().manifest()
-        manifest.pop("qemu_cwd", None)
-        manifest["qemu_argv"] = self._qemu_argv()
-        manifest["network"]["mode"] = (
-            "user (libvirt's user-mode networking: the guest reaches out through QEMU's slirp)"
-            if self.options.nic != "none"
-            else "none"
-        )
-        manifest["uri"] = self.options.uri
-        manifest["domain_xml"] = self._xml
-        manifest["storage_pool"] = upload_pool(self.options)
-        return manifest
+        return {
+            **super().manifest(),
+            "uri": self.options.uri,
+            "domain_xml": self._xml,
+            "storage_pool": upload_pool(self.options),
+        }
+
+    def _network_mode(self) -> str:
+        if self.options.nic == "none":
+            return "none"
+        return "user (libvirt's user-mode networking: the guest reaches out through QEMU's slirp)"
+
+    def _qemu_manifest(self) -> dict[str, Any]:
+        return {"qemu_argv": self._qemu_argv()}
 
     # -- provisioning steps --------------------------------------------------------------
     def _prepare(self, kernels: KernelBuild) -> None:
@@ -969,32 +964,14 @@ class LibvirtEnvironment(VmEnvironment):
         self._details["domain"]["emulator"] = live.findtext("devices/emulator")
         if is_local(self.options.uri):
             self._qemu_pid = _find_qemu(self.domain_name)
-            self._details["vcpu_threads"] = _vcpu_threads(self._qemu_pid) if self._qemu_pid else []
+            self._details["vcpu_threads"] = vcpu_threads_by_name(self._qemu_pid) if self._qemu_pid else []
             if self._qemu_pid:
                 self.process_started(self._qemu_pid)
         if self.options.pin is not None:
             self._details["pinned"] = {str(i): cpu for i, cpu in enumerate(self.options.pin)}
 
-    def _boot(self) -> None:
-        deadline = self._started + self.options.boot_timeout_s
-        self._agent = DomainAgent(self._domain)  # type: ignore[assignment]
-        while True:
-            if not self._qemu_alive():
-                raise EnvironmentError_(f"libvirt VM {self.name}: the domain ended before the guest answered")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EnvironmentError_(
-                    f"libvirt VM {self.name}: no answer from the guest agent within "
-                    f"boot_timeout_s={self.options.boot_timeout_s:g} s"
-                )
-            if self._agent.sync(timeout=min(1.0, left)):
-                break
-            # Until the agent connects libvirt answers at once ("not connected"): poll gently.
-            time.sleep(_AGENT_POLL_S)
-        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
-        if not first.ok:
-            raise EnvironmentError_(f"libvirt VM {self.name}: the first command failed: {first.log()}")
-        self.boot_s = round(time.monotonic() - self._started, 3)
+    def _new_agent(self) -> DomainAgent:
+        return DomainAgent(self._domain)
 
     # -- state and teardown --------------------------------------------------------------
     def _require_agent(self) -> Any:
@@ -1010,6 +987,9 @@ class LibvirtEnvironment(VmEnvironment):
         except _libvirt().libvirtError:
             return False  # a transient domain that ended is gone
 
+    def _ended(self) -> str:
+        return "the domain ended"
+
     def _exit_status(self) -> str:
         return "running" if self._qemu_alive() else "ended"
 
@@ -1022,9 +1002,9 @@ class LibvirtEnvironment(VmEnvironment):
             parts.append(f"--- domain XML ---\n{self._xml}")
         domain_log = Path("/var/log/libvirt/qemu") / f"{self.domain_name}.log"
         if is_local(self.options.uri) and domain_log.is_file():
-            parts.append(f"--- {domain_log} (tail) ---\n{_tail(domain_log, 5_000)}")
+            parts.append(f"--- {domain_log} (tail) ---\n{tail(domain_log, 5_000)}")
         console = self.workdir / CONSOLE_LOG
-        parts.append(f"--- serial console ({console}, tail) ---\n{_tail(console)}")
+        parts.append(f"--- serial console ({console}, tail) ---\n{tail(console)}")
         return "\n".join(parts)
 
     def _stop(self) -> None:
@@ -1088,16 +1068,3 @@ def _find_qemu(name: str) -> int | None:
         ):
             return int(entry.name)
     return None
-
-
-def _vcpu_threads(pid: int) -> list[int]:
-    """Thread ids of vCPU 0, 1, ... (QEMU names them "CPU <n>/TCG" or "CPU <n>/KVM")."""
-    threads = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            match = re.match(r"CPU (\d+)/", (task / "comm").read_text())
-        except OSError:
-            continue
-        if match:
-            threads[int(match.group(1))] = int(task.name)
-    return [threads[i] for i in sorted(threads)]

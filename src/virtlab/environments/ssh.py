@@ -60,6 +60,7 @@ from virtlab.environments._base import (
     HostScope,
     ProcessCommand,
     register_environment,
+    split_sections,
 )
 from virtlab.environments._process import run_process
 from virtlab.metadata import cpu_flags_summary
@@ -637,15 +638,7 @@ class SshEnvironment(Environment):
 
 def parse_sections(text: str) -> dict[str, str]:
     """``== name`` headed sections of the probe's output -> name: text."""
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            current = line[3:].strip()
-            sections[current] = []
-        elif current is not None:
-            sections[current].append(line)
-    return {name: "\n".join(lines).strip() for name, lines in sections.items()}
+    return split_sections(text, "== ")
 
 
 def describe_remote(s: dict[str, str]) -> dict[str, Any]:

@@ -24,146 +24,58 @@ command line: peers (native, containers, other VMs) reach it there, and nothing 
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import json
 import os
 import re
 import secrets
 import shlex
-import shutil
 import signal
-import subprocess
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field, model_validator
+from typing import Any
 
 from virtlab import network as vnet
-from virtlab.build import KernelBuild, build_kernels
-from virtlab.environments._base import (
-    BackgroundCommand,
-    CommandResult,
-    Environment,
-    EnvironmentError_,
-    EnvironmentOptions,
-    HostScope,
-    register_environment,
+from virtlab.build import KernelBuild
+from virtlab.cpulist import cpu_runs
+from virtlab.environments._base import EnvironmentError_, register_environment
+from virtlab.environments.guest_vm import (
+    CONSOLE_LOG,
+    PORTABLE_MARCH,
+    QEMU,
+    GuestVmEnvironment,
+    VmOptions,
+    cpu_model,
+    guest_kernel_cflags,
+    kernel_cmdline,
+    numa_layout,
 )
-from virtlab.environments.container import _tool_problems as guest_tool_problems
-from virtlab.environments.container import built_image
-from virtlab.image import (
-    GUEST_BIN,
-    GuestImage,
-    ImageError,
-    ImageSpec,
-    build_image,
-    default_size_mb,
-    guest_cmdline,
-    kernel_files,
-    make_disk,
-)
-from virtlab.qmp import GuestAgent, GuestAgentError, Qmp, QmpError
-from virtlab.samples import Sample
+from virtlab.qemu import QEMU_LOG, QemuProcess, alive, start_ticks, tail
+from virtlab.qmp import GuestAgent, GuestAgentError, QmpError
 
-QEMU = "qemu-system-x86_64"
-_REAP_WAIT_S = 1.0
-"""How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
-# Kernels compiled with -march=native on this host use instructions QEMU's TCG does not emulate
-# (QEMU 7.2: no AVX-512), and a guest CPU model other than "host" may lack them too. Such guests
-# get a build for a baseline every x86-64 CPU model of the last decade offers.
-PORTABLE_MARCH = "-march=x86-64-v2"
+__all__ = [  # the guest's options and description, shared with libvirt, are also read from here
+    "CONSOLE_LOG",
+    "PORTABLE_MARCH",
+    "QEMU",
+    "VmEnvironment",
+    "VmFiles",
+    "VmOptions",
+    "bridge_mac",
+    "cleanup_leftovers",
+    "cpu_model",
+    "guest_kernel_cflags",
+    "kernel_cmdline",
+    "numa_layout",
+    "qemu_argv",
+]
+
 # Files of a running VM, relative to its workdir (QEMU's cwd, which keeps socket paths short).
-CONSOLE_LOG = "console.log"
-QEMU_LOG = "qemu.log"
 QMP_SOCKET = "qmp.sock"
 QGA_SOCKET = "qga.sock"
 PIDFILE = "qemu.pid"
 # Crash leftovers are found through these records: one per running VM, naming its owner.
 RUN_DIR = Path("/run/virtlab/vm")
-_QUIT_GRACE_S = 5.0
-_EXEC_POLL_MAX_S = 0.1
-_KILL_GRACE_S = 10.0
-
-
-class VmOptions(EnvironmentOptions):
-    """A QEMU VM of the shared guest image; see ``virtlab envs`` for the meaning of each key."""
-
-    vcpus: int = Field(default=2, ge=1, le=256, description="virtual CPUs (-smp)")
-    memory_mb: int = Field(default=1024, ge=256, description="guest memory in MiB (-m)")
-    accel: Literal["auto", "kvm", "tcg"] = Field(
-        default="auto", description="auto: KVM when a real probe boots guest code under it, else TCG"
-    )
-    machine: Literal["q35", "pc", "microvm"] = Field(
-        default="q35", description="QEMU machine type (pc = i440fx, whose IDE is PIIX)"
-    )
-    cpu_model: str | None = Field(default=None, description='-cpu; default "host" under KVM, "max" under TCG')
-    disk_bus: Literal["virtio-blk", "virtio-scsi", "ide"] = Field(
-        default="virtio-blk", description="bus of the root disk (and of block_device)"
-    )
-    disk_cache: Literal["none", "writeback", "writethrough", "directsync", "unsafe"] = Field(
-        default="none", description="QEMU cache mode of the disks (none = O_DIRECT on the host)"
-    )
-    image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
-    preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
-    disk_size_mb: int | None = Field(
-        default=None, ge=256, description="root disk size; default the tree + 1 GiB"
-    )
-    block_device: str | None = Field(
-        default=None, description="host block device passed through as the second disk"
-    )
-    nic: Literal["virtio-net", "e1000", "none"] = Field(
-        default="virtio-net", description="NIC model (virtio-net: paravirtual; e1000: an emulated Intel NIC)"
-    )
-    network: Literal["user", "bridge"] = Field(
-        default="user",
-        description="user: QEMU user networking restricted to the VM (restrict=on); bridge: a tap on "
-        "virtlab's own bridge (198.18.0.0/15) with an address peers reach (network workloads)",
-    )
-    mtu: int = Field(
-        default=vnet.DEFAULT_MTU, ge=576, le=65535, description="MTU of the tap and the guest's NIC (bridge)"
-    )
-    pin: tuple[int, ...] | None = Field(
-        default=None, description="host CPU of each vCPU: vCPU i runs on pin[i]"
-    )
-    numa_nodes: int = Field(default=1, ge=1, description="guest NUMA nodes; vCPUs and memory split evenly")
-    kernel_args: tuple[str, ...] = Field(default=(), description="extra guest kernel command line")
-    kernel_flavour: str = Field(
-        default="cloud-amd64", description='Debian kernel flavour of the guest ("amd64" has e1000 and ahci)'
-    )
-    boot_timeout_s: float = Field(default=120.0, gt=0, description="process start to first command answered")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> VmOptions:
-        if self.pin is not None:
-            if len(self.pin) != self.vcpus:
-                raise ValueError(
-                    f"pin names {len(self.pin)} host CPUs for {self.vcpus} vCPUs: give one per vCPU"
-                )
-            if any(cpu < 0 for cpu in self.pin):
-                raise ValueError("pin: host CPU numbers start at 0")
-        if self.numa_nodes > self.vcpus:
-            raise ValueError(
-                f"numa_nodes={self.numa_nodes} needs at least as many vCPUs (vcpus={self.vcpus})"
-            )
-        if self.memory_mb // self.numa_nodes < 128:
-            raise ValueError(f"memory_mb={self.memory_mb} leaves less than 128 MiB per NUMA node")
-        if self.machine == "microvm":
-            if self.disk_bus == "ide":
-                raise ValueError('machine "microvm" has no IDE: use disk_bus "virtio-blk" or "virtio-scsi"')
-            if self.numa_nodes > 1:
-                raise ValueError('machine "microvm" describes no NUMA topology: use "q35" for numa_nodes')
-        for arg in self.kernel_args:
-            if not arg or any(c.isspace() for c in arg):
-                raise ValueError(f"kernel_args: {arg!r} is not one kernel argument (no blanks inside)")
-        if self.network == "bridge" and self.nic == "none":
-            raise ValueError('network = "bridge" needs a NIC: nic = "virtio-net" or "e1000"')
-        if self.network == "user" and self.mtu != vnet.DEFAULT_MTU:
-            raise ValueError('mtu applies to network = "bridge" (QEMU user networking has its own)')
-        return self
 
 
 # --------------------------------------------------------------------------- the QEMU command line
@@ -180,42 +92,6 @@ class VmFiles:
     qmp_socket: str = QMP_SOCKET
     qga_socket: str = QGA_SOCKET
     pidfile: str = PIDFILE
-
-
-def cpu_model(options: VmOptions, accelerator: str) -> str:
-    return options.cpu_model or ("host" if accelerator == "kvm" else "max")
-
-
-def root_device(options: VmOptions) -> str:
-    """The root disk's name in the guest: virtio-blk disks are vdX, SCSI and ATA disks sdX."""
-    return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"
-
-
-def kernel_cmdline(
-    options: VmOptions, accelerator: str, tsc_khz: int | None = None, ip: str | None = None
-) -> str:
-    """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address."""
-    extra = list(options.kernel_args)
-    if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
-        # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
-        # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
-        # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
-        extra.insert(0, f"tsc_early_khz={tsc_khz}")
-    return guest_cmdline(root=root_device(options), sshd=False, ip=ip, extra=tuple(extra))
-
-
-def _cpu_ranges(cpus: list[int]) -> str:
-    return f"{cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else str(cpus[0])
-
-
-def numa_layout(vcpus: int, memory_mb: int, nodes: int) -> list[tuple[list[int], int]]:
-    """(vCPUs, MiB) of each node: contiguous vCPU ranges and memory split as evenly as whole MiB allow."""
-    layout = []
-    for node in range(nodes):
-        first, last = node * vcpus // nodes, (node + 1) * vcpus // nodes
-        memory = memory_mb // nodes + (1 if node < memory_mb % nodes else 0)
-        layout.append((list(range(first, last)), memory))
-    return layout
 
 
 def _disk_devices(options: VmOptions, drive: str, index: int) -> list[str]:
@@ -269,7 +145,8 @@ def qemu_argv(
             numa_layout(options.vcpus, options.memory_mb, options.numa_nodes)
         ):
             argv += ["-object", f"memory-backend-ram,id=mem{node},size={memory}M"]
-            argv += ["-numa", f"node,nodeid={node},cpus={_cpu_ranges(cpus)},memdev=mem{node}"]
+            cpu_keys = ",".join(f"cpus={run}" for run in cpu_runs(cpus))  # one key per run
+            argv += ["-numa", f"node,nodeid={node},{cpu_keys},memdev=mem{node}"]
     disks = [
         (files.disk, options.image_format),
         *([(options.block_device, "raw")] if options.block_device else []),
@@ -300,32 +177,6 @@ def bridge_mac(address: str) -> str:
     return "52:54:00:" + ":".join(f"{octet:02x}" for octet in octets[1:])
 
 
-def guest_kernel_cflags(cflags: tuple[str, ...], accelerator: str, cpu: str) -> tuple[str, ...]:
-    """The flags the guest's kernels are compiled with: the host's own unless the guest CPU differs."""
-    if accelerator == "kvm" and cpu == "host":
-        return cflags
-    if not any(flag == "-march=native" or flag.startswith("-mtune=native") for flag in cflags):
-        return cflags
-    return tuple(
-        PORTABLE_MARCH if flag == "-march=native" else flag for flag in cflags if flag != "-mtune=native"
-    )
-
-
-def _required_drivers(options: VmOptions) -> dict[str, str]:
-    """Guest kernel drivers this VM's hardware needs -> what needs them."""
-    drivers = {"virtio_pci": "every device", "virtio_console": "the guest agent"}
-    if options.disk_bus == "virtio-blk":
-        drivers["virtio_blk"] = "disk_bus virtio-blk"
-    elif options.disk_bus == "virtio-scsi":
-        drivers.update(virtio_scsi="disk_bus virtio-scsi", sd_mod="disk_bus virtio-scsi")
-    else:
-        drivers["ahci" if options.machine == "q35" else "ata_piix"] = f"disk_bus ide on {options.machine}"
-        drivers["sd_mod"] = "disk_bus ide"
-    if options.nic != "none":
-        drivers[options.nic.replace("-", "_")] = f"nic {options.nic}"
-    return drivers
-
-
 # --------------------------------------------------------------------------- crash leftovers
 
 
@@ -336,28 +187,15 @@ def _run_dir() -> Path:
     return Path(runtime) / "virtlab" / "vm"
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of a live process: with the pid, it names one process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])  # a zombie has ended already
-
-
-def _alive(pid: int | None, start: int | None) -> bool:
-    return pid is not None and start is not None and _start_ticks(pid) == start
-
-
 def _kill(pid: int, start: int | None) -> bool:
-    if not _alive(pid, start):
+    if not alive(pid, start):
         return False
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         return False
     for _ in range(100):
-        if not _alive(pid, start):
+        if not alive(pid, start):
             break
         time.sleep(0.02)
     return True
@@ -380,7 +218,7 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
         except (OSError, ValueError):
             continue
         same_workdir = workdir is not None and Path(record.get("workdir", "")) == Path(workdir).resolve()
-        if _alive(record.get("owner_pid"), record.get("owner_start")):
+        if alive(record.get("owner_pid"), record.get("owner_start")):
             if record.get("owner_pid") != os.getpid():
                 others.add(record["qemu_pid"])
                 continue  # a VM of another running study, even on this workdir
@@ -395,7 +233,7 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
         path.unlink(missing_ok=True)
     if workdir is not None:
         pid = _qemu_of_pidfile(Path(workdir))
-        if pid is not None and pid not in others and _kill(pid, _start_ticks(pid)):
+        if pid is not None and pid not in others and _kill(pid, start_ticks(pid)):
             killed.append(pid)
     return killed
 
@@ -418,110 +256,6 @@ def _qemu_of_pidfile(workdir: Path) -> int | None:
 
 # --------------------------------------------------------------------------- the environment
 
-_FACTS_SCRIPT = r"""
-root=$1
-cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
-echo "cpu_model=$(cpu 'model name')"
-echo "cpu_flags=$(cpu flags)"
-echo "cores=$(nproc)"
-echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-echo "kernel=$(uname -r)"
-echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
-echo "numa_nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)"
-echo "steal_ticks=$(awk '/^cpu / {print $9}' /proc/stat)"
-echo "clk_tck=$(getconf CLK_TCK)"
-echo "root_sysfs=$(readlink -f /sys/class/block/${root#/dev/})"
-for dev in /sys/class/net/*; do
-    driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
-done
-echo "cmdline=$(cat /proc/cmdline)"
-"""
-
-
-# Stops a process, then its descendants depth first, then kills them all: a guest-exec'd command
-# shares the agent's process group, so a group kill is not an option.
-_KILL_TREE = r"""
-kill_tree() {
-    kill -STOP "$1" 2>/dev/null
-    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
-    kill -KILL "$1" 2>/dev/null
-}
-kill_tree "$1"
-"""
-
-
-# Sends a signal to a process and its descendants (a background command's polite end).
-_SIGNAL_TREE = r"""
-signal_tree() {
-    for child in $(pgrep -P "$2"); do signal_tree "$1" "$child"; done
-    kill "-$1" "$2" 2>/dev/null
-}
-signal_tree "$1" "$2"
-"""
-
-
-def _exec_result(argv: list[str], status: dict[str, Any], elapsed_s: float, timed_out: bool) -> CommandResult:
-    """A finished guest-exec's status as a CommandResult."""
-    stdout = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
-    stderr = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
-    for stream in ("out", "err"):
-        if status.get(f"{stream}-truncated"):
-            stderr += f"\n[virtlab: the guest agent truncated std{stream} (it keeps 16 MiB at most)]"
-    if "exitcode" in status:
-        code = status["exitcode"]
-    else:
-        code = -int(status.get("signal", signal.SIGKILL))  # like subprocess: minus the signal
-    return CommandResult(tuple(argv), code, stdout, stderr, elapsed_s, timed_out)
-
-
-class _GuestCommand(BackgroundCommand):
-    """A guest-exec'd command left running; its output comes with its final status."""
-
-    def __init__(self, vm: VmEnvironment, argv: list[str], pid: int) -> None:
-        super().__init__(argv)
-        self._vm, self._pid = vm, pid
-        self._final: dict[str, Any] | None = None  # the agent forgets a command once it said it ended
-
-    def running(self) -> bool:
-        try:
-            return self._status() is None
-        except (GuestAgentError, EnvironmentError_):
-            return False
-
-    def _status(self) -> dict[str, Any] | None:
-        if self._final is None:
-            status = self._vm._execute(self._vm._require_agent(), "guest-exec-status", {"pid": self._pid})
-            self._final = status if status.get("exited") else None
-        return self._final
-
-    def _stop(self, timeout_s: float) -> CommandResult:
-        try:
-            if self._status() is None:
-                agent = self._vm._require_agent()
-                term = {"path": "/bin/sh", "arg": ["-c", _SIGNAL_TREE, "signal", "TERM", str(self._pid)]}
-                self._vm._execute(agent, "guest-exec", term)
-                self._final, _ = self._vm._wait_exec(agent, self._pid, time.monotonic() + timeout_s)
-            assert self._final is not None
-            return _exec_result(list(self.argv), self._final, time.monotonic() - self.started, False)
-        except (GuestAgentError, EnvironmentError_) as error:
-            lost = f"[virtlab: the output is lost: VM {self._vm.name}: {error}]"
-            return CommandResult(self.argv, -int(signal.SIGKILL), "", lost, time.monotonic() - self.started)
-
-
-def _key_values(text: str) -> dict[str, str]:
-    return dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
-
-
-def _tail(path: Path, limit: int = 20_000) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - limit))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-
 
 def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
     """The host's TSC rate: x86 Linux derives BogoMIPS from it (2 per MHz), unlike "cpu MHz",
@@ -536,87 +270,18 @@ def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
 
 
 @register_environment
-class VmEnvironment(Environment):
+class VmEnvironment(GuestVmEnvironment):
     kind = "vm"
     summary = "a QEMU VM (KVM when it really works, else TCG) driven over QMP, commands via the guest agent"
-    Options = VmOptions
-    host_tools = {QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"}
-
-    options: VmOptions
 
     def __init__(self, name: str, options: VmOptions, workdir: Path) -> None:
-        super().__init__(name, options, Path(workdir).resolve())
-        self._process: subprocess.Popen[bytes] | None = None
-        self._qmp: Qmp | None = None
-        self._agent: GuestAgent | None = None
+        super().__init__(name, options, workdir)
+        self._qemu: QemuProcess | None = None
         self._record: Path | None = None
-        self._disk: Path | None = None
         self._argv: list[str] = []
-        self._started = 0.0
-        self.accelerator: str | None = None
-        self.accelerator_reason = ""
-        self.boot_s: float | None = None
-        self._facts: dict[str, Any] = {}
-        self._details: dict[str, Any] = {}
-        # One request at a time on the agent's socket: a background command's status may be asked
-        # while another thread waits for a command (network workloads run peers at once).
-        self._agent_lock = threading.RLock()
         self._network: vnet.VirtualNetwork | None = None
         self._port: vnet.Attachment | None = None
         self._address: str | None = None
-
-    # -- checks before anything runs -----------------------------------------------------
-    @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
-        assert isinstance(options, VmOptions)
-        problems = []
-        for tool, package in cls.host_tools.items():
-            if shutil.which(tool) is None:
-                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
-        if options.network == "bridge":
-            for tool, package in vnet.missing_tools().items():
-                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
-            if os.geteuid() != 0:
-                problems.append('network = "bridge" needs root (a tap device on virtlab\'s bridge)')
-        if options.block_device is not None:
-            path = Path(options.block_device)
-            if not path.exists():
-                problems.append(f"block_device {path} does not exist")
-            elif not path.is_block_device():
-                problems.append(f"block_device {path} is not a block device")
-        if options.pin is not None:
-            usable = os.sched_getaffinity(0)
-            outside = sorted(set(options.pin) - usable)
-            if outside:
-                problems.append(
-                    f"pin names host CPUs {outside} this process cannot use (has {sorted(usable)})"
-                )
-        if options.accel == "kvm" and not problems:
-            probe = _probe()
-            if not probe.kvm_usable:
-                problems.append(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
-        # The guest runs the containers' userland (one image): a workload's tools are looked for there.
-        return problems + guest_tool_problems(tools)
-
-    @classmethod
-    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
-        assert isinstance(options, VmOptions)
-        image = built_image(ImageSpec(kernel_flavour=options.kernel_flavour))
-        if image is None:
-            return None  # the tree's size, hence the room left on the disk, comes with the build
-        # At most the disk less the tree (ext4's own blocks take some more): a file that does not
-        # fit in this cannot fit in the guest.
-        size_mb = options.disk_size_mb or default_size_mb(image)
-        return max(0, size_mb - -(-image.size_bytes // 2**20))
-
-    @classmethod
-    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
-        return "process", ""
-
-    # -- Environment interface -----------------------------------------------------------
-    @property
-    def bin_dir(self) -> str:
-        return GUEST_BIN
 
     def _create(self, kernels: KernelBuild) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -639,195 +304,15 @@ class VmEnvironment(Environment):
             self.options, accelerator=self.accelerator, files=files, append=append, name=self.name,
             tap=tap, mac=bridge_mac(address) if address else None,
         )  # fmt: skip
-        try:
-            self._start()
-            self._boot()
-            self._set_guest_mtu()
-            self._facts = self._collect_facts()
-        except BaseException as error:
-            log = self._failure_log()
-            self._stop()
-            if isinstance(error, EnvironmentError_):
-                error.log = log
-                raise
-            if isinstance(error, (QmpError, GuestAgentError, OSError, vnet.NetworkError)):
-                raise EnvironmentError_(f"VM {self.name}: {error}", log) from error
-            raise
+        self._provision_guest(
+            (self._start, self._boot, self._set_guest_mtu, self._read_facts),
+            (QmpError, GuestAgentError, OSError, vnet.NetworkError),
+        )
 
     def network_address(self) -> str | None:
         return self._address.split("/")[0] if self._address and self._qemu_alive() else None
 
-    def _start_background(self, argv: list[str]) -> BackgroundCommand:
-        self._check_running()
-        agent = self._require_agent()
-        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
-        try:
-            pid = self._execute(agent, "guest-exec", request)["pid"]
-        except GuestAgentError as error:
-            message = f"VM {self.name}: starting {argv[0]}: {error}"
-            raise EnvironmentError_(message, self._failure_log()) from error
-        return _GuestCommand(self, argv, pid)
-
-    def _nfs_mount_point(self) -> str:
-        return "/mnt/virtlab-nfs"
-
-    def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
-        self._check_running()
-        console_mark = self._console_size()
-        result = self._guest_exec(argv, timeout_s)
-        if not result.ok:
-            # Kernel messages of the moment (an OOM kill, a hung task) explain many failures.
-            news = self._console_since(console_mark)
-            if news.strip():
-                stderr = f"{result.stderr}\n--- VM console during the command ---\n{news}"
-                result = CommandResult(
-                    result.argv, result.exit_code, result.stdout, stderr, result.elapsed_s, result.timed_out
-                )
-        return result
-
-    def _delete(self) -> None:
-        self._stop()
-
-    def copy_in(self, source: Path, destination: str) -> None:
-        """``destination`` relative to the guest agent's working directory (/), as commands see it.
-        The file keeps the source's permission bits, as native's and a container's copies do: the
-        agent creates files readable by all (0666), which sshd and ssh refuse for a private key."""
-        agent = self._require_agent()
-        handle = agent.execute("guest-file-open", {"path": destination, "mode": "w"})
-        try:
-            with open(source, "rb") as local:
-                while chunk := local.read(1 << 20):
-                    data = base64.b64encode(chunk).decode()
-                    done = agent.execute("guest-file-write", {"handle": handle, "buf-b64": data}, timeout=60)
-                    if done.get("count") != len(chunk):
-                        raise EnvironmentError_(f"VM {self.name}: short write to {destination}: {done}")
-        finally:
-            agent.execute("guest-file-close", {"handle": handle})
-        mode = f"{os.stat(source).st_mode & 0o7777:o}"
-        result = self._guest_exec(["chmod", mode, "--", destination], timeout_s=30)
-        if not result.ok:
-            raise EnvironmentError_(f"VM {self.name}: chmod {mode} {destination} failed", result.log())
-
-    def copy_out(self, source: str, destination: Path) -> None:
-        agent = self._require_agent()
-        handle = agent.execute("guest-file-open", {"path": source, "mode": "r"})
-        try:
-            with open(destination, "wb") as local:
-                while True:
-                    chunk = agent.execute("guest-file-read", {"handle": handle, "count": 1 << 20}, timeout=60)
-                    local.write(base64.b64decode(chunk.get("buf-b64", "")))
-                    if chunk.get("eof") or not chunk.get("count"):
-                        break
-        finally:
-            agent.execute("guest-file-close", {"handle": handle})
-
-    def manifest(self) -> dict[str, Any]:
-        facts = self._facts
-        steal = self._steal_s()
-        return {
-            **super().manifest(),
-            "accelerator": self.accelerator,
-            "accelerator_reason": self.accelerator_reason,
-            "boot_s": self.boot_s,
-            "cpu_model": facts.get("cpu_model"),
-            "cpu_flags": facts.get("cpu_flags", "").split(),
-            "cores": _int(facts.get("cores")),
-            "memory_bytes": _int(facts.get("memory_kb"), 1024),
-            "kernel": facts.get("kernel"),
-            "clocksource": facts.get("clocksource"),
-            "numa_nodes": _int(facts.get("numa_nodes")),
-            "steal_s": steal,
-            "guest_cmdline": facts.get("cmdline"),
-            "network": {
-                "mode": self._network_mode(),
-                "nic": self.options.nic,
-                "guest_driver": facts.get("nic_driver"),
-                "address": self.network_address(),
-                "mtu": self.options.mtu if self.options.network == "bridge" else None,
-            },
-            "storage": {
-                "bus": self.options.disk_bus,
-                "cache": self.options.disk_cache,
-                "aio": "threads",
-                "format": self.options.image_format,
-                "preallocate": self.options.preallocate,
-                "root_sysfs": facts.get("root_sysfs"),
-                "block_device": self.options.block_device,
-            },
-            **self._details,
-            "qemu_argv": list(self._argv),
-            "qemu_cwd": str(self.workdir),
-            "console_log": str(self.workdir / CONSOLE_LOG),
-        }
-
-    def environment_samples(self) -> list[Sample]:
-        """Figures of the environment itself (not of a workload): set-up and boot time."""
-        if self.boot_s is None:
-            return super().environment_samples()
-        metadata = {"accelerator": self.accelerator, "machine": self.options.machine}
-        return [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
-
     # -- provisioning steps --------------------------------------------------------------
-    def _choose_accelerator(self) -> None:
-        if self.options.accel == "tcg":
-            self.accelerator, self.accelerator_reason = "tcg", 'the plan asks for accel = "tcg"'
-            return
-        probe = _probe()
-        self._details["kvm_probe"] = {
-            "kvm_usable": probe.kvm_usable,
-            "elapsed_s": probe.elapsed_s,
-            "cached": probe.cached,
-        }
-        if self.options.accel == "kvm" and not probe.kvm_usable:
-            raise EnvironmentError_(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
-        self.accelerator = "kvm" if probe.kvm_usable else "tcg"
-        self.accelerator_reason = probe.reason
-
-    def _image(self) -> GuestImage:
-        try:
-            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour), progress=self.say)
-        except ImageError as error:
-            raise EnvironmentError_(f"guest image: {error}", str(error)) from error
-        missing = set(image.manifest.get("missing_drivers", ()))
-        for driver, needed_by in _required_drivers(self.options).items():
-            if driver in missing:
-                raise EnvironmentError_(
-                    f"the guest kernel ({image.spec.kernel_flavour}) has no {driver} driver, "
-                    f'which {needed_by} needs: set kernel_flavour = "amd64"'
-                    + (' or machine = "pc"' if driver == "ahci" else "")
-                )
-        self._details["image"] = {"key": image.key, "kernel_flavour": image.spec.kernel_flavour}
-        return image
-
-    def _guest_kernels(self, kernels: KernelBuild) -> KernelBuild:
-        assert self.accelerator is not None
-        cflags = guest_kernel_cflags(
-            kernels.cflags, self.accelerator, cpu_model(self.options, self.accelerator)
-        )
-        guest = (
-            kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
-        )
-        note = None
-        if guest is not kernels:
-            why = "TCG does not emulate all of" if self.accelerator == "tcg" else "the guest CPU model lacks"
-            note = f"the host's build ({' '.join(kernels.cflags)}) uses instructions {why}"
-        self._details["kernels"] = {**guest.metadata(), "note": note}
-        return guest
-
-    def _make_disk(self, image: GuestImage, kernels: KernelBuild) -> Path:
-        target = self.workdir / f"disk.{self.options.image_format}"
-        try:
-            return make_disk(
-                image,
-                target,
-                format=self.options.image_format,
-                preallocate=self.options.preallocate,
-                size_mb=self.options.disk_size_mb,
-                extra_files=kernel_files(kernels.bin_dir),
-            )
-        except (ImageError, ValueError) as error:
-            raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
-
     def _choose_port(self) -> tuple[str | None, str | None]:
         """The tap's name and the guest's address/prefix on virtlab's bridge (network = "bridge")."""
         if self.options.network != "bridge":
@@ -881,122 +366,34 @@ class VmEnvironment(Environment):
 
     def _start(self) -> None:
         self._started = time.monotonic()
-        with open(self.workdir / QEMU_LOG, "wb") as log:
-            # A session of its own: a Ctrl-C meant for virtlab reaches QEMU through teardown.
-            self._process = subprocess.Popen(
-                self._argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+        self._qemu = QemuProcess(self._argv, self.workdir)
         self._write_record()
-        self.process_started(self._process.pid)
-        self._qmp = Qmp(f"vm-{self.name}")
-        self._qmp.connect(self.workdir / QMP_SOCKET, timeout=30.0, alive=self._qemu_alive)
-        version = self._qmp.execute("query-version")
+        self.process_started(self._qemu.pid)
+        qmp = self._qemu.connect_qmp(QMP_SOCKET, f"vm-{self.name}")
+        version = qmp.execute("query-version")
         qemu = version["qemu"]
         self._details["qemu_version"] = (
             f"{qemu['major']}.{qemu['minor']}.{qemu['micro']} {version.get('package', '')}".strip()
         )
         self._pin_vcpus()
         self._join_network()
-        self._qmp.execute("cont")
+        qmp.execute("cont")
 
     def _pin_vcpus(self) -> None:
-        assert self._qmp is not None
-        cpus = self._qmp.execute("query-cpus-fast")
-        threads = {cpu["cpu-index"]: cpu["thread-id"] for cpu in cpus}
-        self._details["vcpu_threads"] = [threads[i] for i in sorted(threads)]
+        assert self._qemu is not None
+        threads = self._details["vcpu_threads"] = self._qemu.vcpu_threads()
         if self.options.pin is None:
             return
         for index, host_cpu in enumerate(self.options.pin):
             os.sched_setaffinity(threads[index], {host_cpu})
         self._details["pinned"] = {str(i): cpu for i, cpu in enumerate(self.options.pin)}
 
-    def _boot(self) -> None:
-        deadline = self._started + self.options.boot_timeout_s
-        self._agent = GuestAgent(self.workdir / QGA_SOCKET)
-        while True:
-            if not self._qemu_alive():
-                raise EnvironmentError_(
-                    f"VM {self.name}: QEMU exited ({self._exit_status()}) before the guest answered"
-                )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EnvironmentError_(
-                    f"VM {self.name}: no answer from the guest agent within "
-                    f"boot_timeout_s={self.options.boot_timeout_s:g} s"
-                )
-            try:
-                if not self._agent.connected:
-                    self._agent.connect()
-                if self._agent.sync(timeout=min(1.0, left)):
-                    break
-            except (OSError, GuestAgentError):
-                time.sleep(0.05)
-        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
-        if not first.ok:
-            raise EnvironmentError_(f"VM {self.name}: the first command failed: {first.log()}")
-        self.boot_s = round(time.monotonic() - self._started, 3)
-
-    def _collect_facts(self) -> dict[str, str]:
-        result = self._guest_exec(
-            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options)], timeout_s=60
-        )
-        if not result.ok:
-            raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")
-        return _key_values(result.stdout)
-
-    # -- commands in the guest -----------------------------------------------------------
-    def _guest_exec(self, argv: list[str], timeout_s: float) -> CommandResult:
-        agent = self._require_agent()
-        started = time.monotonic()
-        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
-        try:
-            pid = self._execute(agent, "guest-exec", request)["pid"]
-        except GuestAgentError as error:
-            if error.error_class is None:  # the agent went away, rather than refusing the command
-                raise self._agent_lost(error) from error
-            # What a shell says of a program it cannot start, with its status.
-            return CommandResult(tuple(argv), 127, "", f"{error}\n", time.monotonic() - started)
-        try:
-            status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
-        except GuestAgentError as error:
-            raise self._agent_lost(error) from error
-        return _exec_result(argv, status, time.monotonic() - started, timed_out)
-
-    def _execute(
-        self, agent: GuestAgent, command: str, arguments: dict[str, Any], timeout: float = 30
-    ) -> Any:
-        """``agent.execute``, one request at a time."""
-        with self._agent_lock:
-            return agent.execute(command, arguments, timeout=timeout)
-
-    def _wait_exec(self, agent: GuestAgent, pid: int, deadline: float) -> tuple[dict[str, Any], bool]:
-        # Short commands are polled closely (a poll costs the guest about a millisecond), long ones
-        # at most every _EXEC_POLL_MAX_S.
-        started, interval = time.monotonic(), 0.002
-        while True:
-            left = deadline - time.monotonic()
-            status = self._execute(agent, "guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
-            if status.get("exited"):
-                return status, False
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() - started > 0.05:
-                interval = min(interval * 1.5, _EXEC_POLL_MAX_S)
-        # Timed out: end the command and all it forked, keep what it printed, keep the VM.
-        self._execute(agent, "guest-exec", {"path": "/bin/sh", "arg": ["-c", _KILL_TREE, "kill", str(pid)]})
-        grace = time.monotonic() + _KILL_GRACE_S
-        while time.monotonic() < grace:
-            status = self._execute(agent, "guest-exec-status", {"pid": pid})
-            if status.get("exited"):
-                break
-            time.sleep(0.05)
-        return status, True
-
     # -- state and teardown --------------------------------------------------------------
+    def _new_agent(self) -> GuestAgent:
+        return GuestAgent(self.workdir / QGA_SOCKET)
+
     def _require_agent(self) -> GuestAgent:
-        if self._agent is None or self._process is None:
+        if self._agent is None or self._qemu is None:
             raise EnvironmentError_(f"VM {self.name} is not running")
         if not self._agent.connected:
             try:
@@ -1009,85 +406,45 @@ class VmEnvironment(Environment):
                 ) from error
         return self._agent
 
-    def _agent_lost(self, error: GuestAgentError) -> EnvironmentError_:
-        """The guest agent's failure as the trial's, naming QEMU's end when that is its cause (a
-        killed QEMU shows first as a broken socket)."""
-        if self._process is not None:
-            try:
-                self._process.wait(timeout=_REAP_WAIT_S)  # its socket closes as it exits
-            except subprocess.TimeoutExpired:
-                pass
-        if not self._qemu_alive():
-            return EnvironmentError_(
-                f"VM {self.name}: QEMU is no longer running ({self._exit_status()}); guest agent: {error}",
-                self._failure_log(),
-            )
-        return EnvironmentError_(f"VM {self.name}: {error}", self._failure_log())
-
-    def _check_running(self) -> None:
-        if not self._qemu_alive():
-            raise EnvironmentError_(
-                f"VM {self.name}: QEMU is no longer running ({self._exit_status()})", self._failure_log()
-            )
-
     def _qemu_alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._qemu is not None and self._qemu.alive()
+
+    def _await_exit(self, timeout_s: float) -> None:
+        if self._qemu is not None:
+            self._qemu.wait(timeout_s)
+
+    def _ended(self) -> str:
+        return f"QEMU exited ({self._exit_status()})"
 
     def _exit_status(self) -> str:
-        if self._process is None or self._process.returncode is None:
-            return "still running"
-        code = self._process.returncode
-        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-
-    def _console_size(self) -> int:
-        try:
-            return (self.workdir / CONSOLE_LOG).stat().st_size
-        except OSError:
-            return 0
-
-    def _console_since(self, offset: int, limit: int = 20_000) -> str:
-        try:
-            with open(self.workdir / CONSOLE_LOG, "rb") as handle:
-                handle.seek(max(offset, self._console_size() - limit))
-                return handle.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return self._qemu.exit_status() if self._qemu is not None else "still running"
 
     def _failure_log(self) -> str:
         parts = [
             f"$ (cd {shlex.quote(str(self.workdir))} && {shlex.join(self._argv)})",
             f"[QEMU {self._exit_status()}; accelerator {self.accelerator}: {self.accelerator_reason}]",
         ]
-        qemu_log = _tail(self.workdir / QEMU_LOG, 5_000).strip()
+        qemu_log = tail(self.workdir / QEMU_LOG, 5_000).strip()
         if qemu_log:
             parts.append(f"--- QEMU messages ({QEMU_LOG}) ---\n{qemu_log}")
         console = self.workdir / CONSOLE_LOG
-        parts.append(f"--- serial console ({console}, tail) ---\n{_tail(console)}")
+        parts.append(f"--- serial console ({console}, tail) ---\n{tail(console)}")
         return "\n".join(parts)
 
-    def _steal_s(self) -> float | None:
-        if not self._qemu_alive() or self._agent is None:
-            return None
-        try:
-            result = self._guest_exec(
-                ["sh", "-c", "awk '/^cpu / {print $9}' /proc/stat; getconf CLK_TCK"], 10
-            )
-            ticks, hz = result.stdout.split()
-            return int(ticks) / int(hz)
-        except (EnvironmentError_, ValueError):
-            return None
+    def _qemu_manifest(self) -> dict[str, Any]:
+        return {"qemu_argv": list(self._argv), "qemu_cwd": str(self.workdir)}
 
     def _write_record(self) -> None:
-        assert self._process is not None
+        assert self._qemu is not None
         records = _run_dir()
         try:
             records.mkdir(parents=True, exist_ok=True)
-            self._record = records / f"{self._process.pid}.json"
+            self._record = records / f"{self._qemu.pid}.json"
             record = {
-                "qemu_pid": self._process.pid,
-                "qemu_start": _start_ticks(self._process.pid),
+                "qemu_pid": self._qemu.pid,
+                "qemu_start": start_ticks(self._qemu.pid),
                 "owner_pid": os.getpid(),
-                "owner_start": _start_ticks(os.getpid()),
+                "owner_start": start_ticks(os.getpid()),
                 "workdir": str(self.workdir),
                 "disk": str(self._disk) if self._disk else None,
             }
@@ -1099,20 +456,8 @@ class VmEnvironment(Environment):
         if self._agent is not None:
             self._agent.shutdown()
             self._agent = None
-        if self._qmp is not None:
-            if self._qemu_alive():
-                try:
-                    self._qmp.execute("quit", timeout=_QUIT_GRACE_S)
-                except QmpError:
-                    pass  # QEMU may close the socket before answering
-            self._qmp.close()
-            self._qmp = None
-        if self._process is not None:
-            try:
-                self._process.wait(timeout=_QUIT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._qemu is not None:
+            self._qemu.stop()
         self._leave_network()
         if self._record is not None:
             self._record.unlink(missing_ok=True)
@@ -1125,21 +470,4 @@ class VmEnvironment(Environment):
 
     @property
     def qemu_pid(self) -> int | None:
-        return self._process.pid if self._qemu_alive() and self._process is not None else None
-
-    @property
-    def vcpu_threads(self) -> list[int]:
-        return list(self._details.get("vcpu_threads", []))
-
-
-def _int(value: str | None, scale: int = 1) -> int | None:
-    try:
-        return int(value) * scale if value not in (None, "") else None
-    except ValueError:
-        return None
-
-
-def _probe() -> Any:
-    from virtlab.accel import probe_kvm
-
-    return probe_kvm()
+        return self._qemu.pid if self._qemu is not None and self._qemu.alive() else None

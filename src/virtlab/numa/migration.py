@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from virtlab.cpulist import cpu_runs
 from virtlab.numa.actuator import Action, apply, current_placement, pin_vm
 from virtlab.numa.monitor import Monitor
 from virtlab.numa.placement import Placement
@@ -46,7 +47,8 @@ from virtlab.numa.policies import POLICIES
 from virtlab.numa.profile import VmProfile
 from virtlab.numa.topology import Topology
 from virtlab.numa.transfer import ProfileReceiver, new_token, send_profile
-from virtlab.qmp import GuestAgent, GuestAgentError, Qmp, QmpError
+from virtlab.qemu import process as qemu_process
+from virtlab.qmp import GuestAgent, QmpError
 
 QMP_SOCKET = "qmp.sock"
 QGA_SOCKET = "qga.sock"
@@ -97,92 +99,54 @@ class Timeline:
 # --------------------------------------------------------------------------- one QEMU process
 
 
-class QemuProcess:
+class QemuProcess(qemu_process.QemuProcess):
     """A QEMU started from an argv in a workdir of its own (QMP and guest-agent sockets in it)."""
 
     def __init__(self, argv: Sequence[str], workdir: Path, name: str) -> None:
-        self.argv, self.workdir, self.name = list(argv), Path(workdir), name
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         for sock in (QMP_SOCKET, QGA_SOCKET):
-            (self.workdir / sock).unlink(missing_ok=True)
-        log = open(self.workdir / "qemu.log", "wb")
-        self.process = subprocess.Popen(
-            self.argv, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        log.close()
-        self.qmp = Qmp(f"migration-{name}")
+            (Path(workdir) / sock).unlink(missing_ok=True)
+        super().__init__(argv, workdir)
+        self.name = name
+        self.agent: GuestAgent | None = None
         try:
-            self.qmp.connect(self.workdir / QMP_SOCKET, timeout=30.0, alive=self.alive)
+            self.connect_qmp(QMP_SOCKET, f"migration-{name}")
         except QmpError as error:
             self.stop()
             raise MigrationError(f"{name}: {error}\n{self.log()}") from error
-        self.agent: GuestAgent | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def vcpu_threads(self) -> list[int]:
-        cpus = self.qmp.execute("query-cpus-fast")
-        return [c["thread-id"] for c in sorted(cpus, key=lambda c: c["cpu-index"])]
 
     def status(self) -> str:
         return str(self.qmp.execute("query-status")["status"])
 
     def wait_for_agent(self, timeout: float) -> float:
         """Seconds until the guest agent answers a sync."""
-        started, deadline = time.monotonic(), time.monotonic() + timeout
+        started = time.monotonic()
         self.agent = self.agent or GuestAgent(self.workdir / QGA_SOCKET)
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise MigrationError(f"{self.name}: QEMU exited\n{self.log()}")
-            try:
-                if not self.agent.connected:
-                    self.agent.connect()
-                if self.agent.sync(timeout=min(1.0, max(0.1, deadline - time.monotonic()))):
-                    return time.monotonic() - started
-            except (OSError, GuestAgentError):
-                time.sleep(0.05)
-        raise MigrationError(
-            f"{self.name}: no answer from the guest agent within {timeout:g} s\n{self.log()}"
-        )
+        waited = qemu_process.wait_for_agent(self.agent, self.alive, started + timeout)
+        if waited == "ended":
+            raise MigrationError(f"{self.name}: QEMU exited\n{self.log()}")
+        if waited == "timeout":
+            raise MigrationError(
+                f"{self.name}: no answer from the guest agent within {timeout:g} s\n{self.log()}"
+            )
+        return time.monotonic() - started
 
-    def log(self) -> str:
-        try:
-            return (self.workdir / "qemu.log").read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
+    def log(self, limit: int = 3000) -> str:
+        return super().log(limit)
 
     def console(self) -> str:
         """The guest's serial console (``console.log`` in the workdir, as virtlab's VMs write it)."""
-        try:
-            return (self.workdir / "console.log").read_text(errors="replace")[-20000:]
-        except OSError:
-            return ""
+        return qemu_process.tail(self.workdir / "console.log")
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = qemu_process.QUIT_GRACE_S) -> None:
         """Quit through QMP; whatever QMP or the agent say (a connection already lost), the process
         ends: killed when it has not quit within 5 s."""
         try:
             if self.agent is not None:
                 self.agent.shutdown()
                 self.agent = None
-            if self.alive():
-                try:
-                    self.qmp.execute("quit", timeout=5)
-                except Exception:  # noqa: BLE001 - QEMU may close the socket before answering
-                    pass
-            self.qmp.close()
         finally:
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            super().stop(grace_s)
 
 
 def incoming_argv(argv: Sequence[str]) -> list[str]:
@@ -201,7 +165,7 @@ def bind_guest_ram(argv: Sequence[str], nodes: Iterable[int]) -> list[str]:
     wanted = sorted(set(nodes))
     if not wanted:
         raise ValueError("binding guest RAM needs at least one host node")
-    binding = ",".join(f"host-nodes={r}" for r in _ranges(wanted)) + ",policy=bind"
+    binding = ",".join(f"host-nodes={run}" for run in cpu_runs(wanted)) + ",policy=bind"  # a key per run
     out = list(argv)
     backends = [
         i + 1 for i, a in enumerate(out[:-1]) if a == "-object" and out[i + 1].startswith("memory-backend-")
@@ -291,17 +255,6 @@ def tcg_loses_dirty_pages(qemu: str) -> bool:
 
 def _option(argv: Sequence[str], name: str) -> str | None:
     return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == name), None)
-
-
-def _ranges(ids: Sequence[int]) -> list[str]:
-    """[0, 1, 2, 5] -> ["0-2", "5"]: QEMU's host-nodes takes ranges, repeated for a list."""
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab import consolidation, energy
 from virtlab.build import KernelBuild
 from virtlab.environments import Environment
+from virtlab.environments.abilities import BridgeNetwork
 from virtlab.export.consolidation import write_consolidation_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
@@ -129,7 +130,7 @@ class ConsolidationScenario(TogetherStudy):
         workloads: Sequence[WorkloadSpec],
     ) -> list[PlanProblem]:
         problems = cls.check_frame(study, environments, "consolidation", "the tile member")
-        if len(environments) == 1 and getattr(environments[0].options, "network", None) != "bridge":
+        if len(environments) == 1 and environments[0].options.offers(BridgeNetwork) is None:
             problems.append(
                 (f"environment ({environments[0].name}).network",
                  "the web and database servers are loaded from the native side over virtlab's network",

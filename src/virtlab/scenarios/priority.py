@@ -62,6 +62,14 @@ from virtlab.control.placement import threads_of
 from virtlab.control.priority import find_cpu_cgroup, parse_proc_cgroup
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
+from virtlab.environments.abilities import (
+    ConsoleLog,
+    ContainerCgroups,
+    CpuLimit,
+    GuestBoot,
+    VcpuProcess,
+    vcpu_count,
+)
 from virtlab.errors import InputError
 from virtlab.export.priority import write_priority_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
@@ -357,12 +365,12 @@ class VmGuest(Guest):
         env = self.environment
         self._console_at, self._console = 0, ""
         self._start_provisioning()
-        pid = self._wait(lambda: env.qemu_pid, _SETUP_TIMEOUT_S, "QEMU starting")  # type: ignore[attr-defined]
+        pid = self._wait(lambda: env.ability(VcpuProcess).pid, _SETUP_TIMEOUT_S, "QEMU starting")
         self._start_sampling(pid)
-        tids = self._wait(lambda: env.vcpu_threads or None, 60, "QEMU's vCPU threads")  # type: ignore[attr-defined]
+        tids = self._wait(lambda: env.ability(VcpuProcess).vcpu_threads or None, 60, "QEMU's vCPU threads")
         self._apply_controls(pid, tids)
         self._mark("boot")
-        boot_limit = env.options.boot_timeout_s + 60  # type: ignore[attr-defined]
+        boot_limit = env.ability(GuestBoot).timeout_s + 60
         self._wait(lambda: self._console_has(START_MARKER), boot_limit, "the workload starting at boot")
         self._mark("run")
         self._observe(pid)
@@ -376,7 +384,7 @@ class VmGuest(Guest):
 
     def _console_has(self, marker: str) -> bool:
         self._check_alive()
-        path = self.environment.workdir / "console.log"
+        path = self.environment.ability(ConsoleLog).path
         try:
             with open(path, "rb") as handle:
                 handle.seek(self._console_at)
@@ -394,7 +402,7 @@ class VmGuest(Guest):
         return line.strip().removeprefix(EXIT_MARKER).strip() or "-1"
 
     def _check_alive(self) -> None:
-        if self.pid is not None and self.environment.qemu_pid is None:  # type: ignore[attr-defined]
+        if self.pid is not None and self.environment.ability(VcpuProcess).pid is None:
             if self._provisioner is not None:
                 self._provisioner.join(timeout=30)  # a failed provisioning ends QEMU: its error says why
             if self._provision_error is not None:
@@ -412,7 +420,9 @@ class ContainerGuest(Guest):
     def _drive(self) -> None:
         env = self.environment
         self._start_provisioning()
-        init = self._wait(lambda: env.init_pid, _SETUP_TIMEOUT_S, "the container starting")  # type: ignore[attr-defined]
+        init = self._wait(
+            lambda: env.ability(ContainerCgroups).init_pid, _SETUP_TIMEOUT_S, "the container starting"
+        )
         self._start_sampling(init, include_children=True)
         self._wait(self._provisioned, _SETUP_TIMEOUT_S, "the container being ready")
         self._mark("boot")
@@ -530,7 +540,7 @@ class PriorityScenario(RunsStudy):
                 where = f"priority.configuration ({configuration.name}).control.{guest}"
                 if template.kind == "container" and spec.pin_vcpus is not None:
                     problems.append((where, "pin_vcpus: a container has no vCPUs", "use pin_process"))
-                quota = getattr(template.options, "cpu_quota_us", lambda: None)()
+                quota = limit.quota_us if (limit := template.options.offers(CpuLimit)) else None
                 if template.kind == "container" and spec.needs_cgroup and quota is not None:
                     problems.append(
                         (where, "a cgroup control would move the workload out of the container's CPU quota",
@@ -546,7 +556,7 @@ class PriorityScenario(RunsStudy):
             for p in template.cls.preflight(template.options, workload.workload.tools)
         ]
         config: PriorityConfig = plan.scenario
-        vcpus = getattr(template.options, "vcpus", None)
+        vcpus = vcpu_count(template.options.abilities())
         for configuration in config.configuration:
             for guest, spec in configuration.control.items():
                 for problem in validate_against_host(spec, vcpus=vcpus):

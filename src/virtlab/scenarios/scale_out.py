@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.build import KernelBuild
+from virtlab.environments.abilities import BridgeNetwork
 from virtlab.export.scale_out import write_scale_out_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
@@ -114,7 +115,7 @@ class ScaleOutScenario(TogetherStudy):
             return problems
         spec = workloads[0]
         served = isinstance(spec.workload, PeerWorkload)
-        if served and environments and getattr(environments[0].options, "network", None) != "bridge":
+        if served and environments and environments[0].options.offers(BridgeNetwork) is None:
             problems.append(
                 (f"environment ({environments[0].name}).network",
                  f"{spec.kind} is loaded from the native side over virtlab's network",

@@ -10,6 +10,7 @@ from pathlib import Path
 from virtlab import nfs
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import validate_against_host
+from virtlab.environments.abilities import vcpu_count
 from virtlab.errors import InputError
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.storage import uses_nfs
@@ -56,7 +57,7 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
     problems, space = [], []
     for env in plan.environments:
         if env.control is not None:
-            vcpus = getattr(env.options, "vcpus", None)
+            vcpus = vcpu_count(env.options.abilities())
             problems += [
                 f"environment {env.name!r}: control: {p}"
                 for p in validate_against_host(env.control, vcpus=vcpus)

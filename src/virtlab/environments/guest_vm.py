@@ -1,0 +1,770 @@
+"""A VM of the shared guest image whose commands go through its guest agent: what the QMP VM
+(``vm``) and the VM through libvirt (``libvirt``) have in common.
+
+The options (``VmOptions``) and the guest they describe (CPU model, kernel command line, NUMA
+cells, the kernels' flags) are one; so is the guest's side of a run: the image, the kernels, the
+private disk copy, the guest agent's commands with their timeouts, copy in and out, the manifest.
+``GuestVmEnvironment`` holds that side; a subclass says how its QEMU starts, lives and ends
+through these hooks:
+
+    _create              prepare, then ``_provision_guest(steps, errors)``
+    _new_agent           the guest agent object ``_boot`` waits for
+    _require_agent       the agent for a command, or EnvironmentError_ when the VM is gone
+    _qemu_alive          whether the guest's QEMU (or domain) still runs
+    _ended               how it ended, in a boot failure's words
+    _exit_status         its state in a failure's words
+    _failure_log         what a failure record shows (QEMU's messages, the console)
+    _stop                end it and remove what it made; safe twice
+    qemu_pid             its QEMU process on this host, or None
+    _qemu_manifest       the manifest's keys about the QEMU command line
+    _network_mode        the manifest's sentence on the guest's network
+
+Optional hooks: ``_await_exit`` (a lost agent may be QEMU ending), ``_choose_accelerator``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from virtlab import network as vnet
+from virtlab.build import KernelBuild, build_kernels
+from virtlab.environments._base import (
+    BackgroundCommand,
+    CommandResult,
+    Environment,
+    EnvironmentError_,
+    EnvironmentOptions,
+    HostScope,
+)
+from virtlab.environments.abilities import (
+    Ability,
+    BridgeNetwork,
+    ConsoleLog,
+    GuestBoot,
+    VcpuProcess,
+    VirtualCpus,
+)
+from virtlab.environments.container import built_image, guest_tool_problems
+from virtlab.image import (
+    GUEST_BIN,
+    GuestImage,
+    ImageError,
+    ImageSpec,
+    build_image,
+    default_size_mb,
+    guest_cmdline,
+    kernel_files,
+    make_disk,
+)
+from virtlab.qemu import wait_for_agent
+from virtlab.qmp import GuestAgent, GuestAgentError
+from virtlab.samples import Sample
+
+QEMU = "qemu-system-x86_64"
+# Kernels compiled with -march=native on this host use instructions QEMU's TCG does not emulate
+# (QEMU 7.2: no AVX-512), and a guest CPU model other than "host" may lack them too. Such guests
+# get a build for a baseline every x86-64 CPU model of the last decade offers.
+PORTABLE_MARCH = "-march=x86-64-v2"
+CONSOLE_LOG = "console.log"
+"""The serial console, in the environment's workdir: attached to every failure."""
+_REAP_WAIT_S = 1.0
+"""How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
+_EXEC_POLL_MAX_S = 0.1
+_KILL_GRACE_S = 10.0
+
+
+class VmOptions(EnvironmentOptions):
+    """A QEMU VM of the shared guest image; see ``virtlab envs`` for the meaning of each key."""
+
+    vcpus: int = Field(default=2, ge=1, le=256, description="virtual CPUs (-smp)")
+    memory_mb: int = Field(default=1024, ge=256, description="guest memory in MiB (-m)")
+    accel: Literal["auto", "kvm", "tcg"] = Field(
+        default="auto", description="auto: KVM when a real probe boots guest code under it, else TCG"
+    )
+    machine: Literal["q35", "pc", "microvm"] = Field(
+        default="q35", description="QEMU machine type (pc = i440fx, whose IDE is PIIX)"
+    )
+    cpu_model: str | None = Field(default=None, description='-cpu; default "host" under KVM, "max" under TCG')
+    disk_bus: Literal["virtio-blk", "virtio-scsi", "ide"] = Field(
+        default="virtio-blk", description="bus of the root disk (and of block_device)"
+    )
+    disk_cache: Literal["none", "writeback", "writethrough", "directsync", "unsafe"] = Field(
+        default="none", description="QEMU cache mode of the disks (none = O_DIRECT on the host)"
+    )
+    image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
+    preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
+    disk_size_mb: int | None = Field(
+        default=None, ge=256, description="root disk size; default the tree + 1 GiB"
+    )
+    block_device: str | None = Field(
+        default=None, description="host block device passed through as the second disk"
+    )
+    nic: Literal["virtio-net", "e1000", "none"] = Field(
+        default="virtio-net", description="NIC model (virtio-net: paravirtual; e1000: an emulated Intel NIC)"
+    )
+    network: Literal["user", "bridge"] = Field(
+        default="user",
+        description="user: QEMU user networking restricted to the VM (restrict=on); bridge: a tap on "
+        "virtlab's own bridge (198.18.0.0/15) with an address peers reach (network workloads)",
+    )
+    mtu: int = Field(
+        default=vnet.DEFAULT_MTU, ge=576, le=65535, description="MTU of the tap and the guest's NIC (bridge)"
+    )
+    pin: tuple[int, ...] | None = Field(
+        default=None, description="host CPU of each vCPU: vCPU i runs on pin[i]"
+    )
+    numa_nodes: int = Field(default=1, ge=1, description="guest NUMA nodes; vCPUs and memory split evenly")
+    kernel_args: tuple[str, ...] = Field(default=(), description="extra guest kernel command line")
+    kernel_flavour: str = Field(
+        default="cloud-amd64", description='Debian kernel flavour of the guest ("amd64" has e1000 and ahci)'
+    )
+    boot_timeout_s: float = Field(default=120.0, gt=0, description="process start to first command answered")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VmOptions:
+        if self.pin is not None:
+            if len(self.pin) != self.vcpus:
+                raise ValueError(
+                    f"pin names {len(self.pin)} host CPUs for {self.vcpus} vCPUs: give one per vCPU"
+                )
+            if any(cpu < 0 for cpu in self.pin):
+                raise ValueError("pin: host CPU numbers start at 0")
+        if self.numa_nodes > self.vcpus:
+            raise ValueError(
+                f"numa_nodes={self.numa_nodes} needs at least as many vCPUs (vcpus={self.vcpus})"
+            )
+        if self.memory_mb // self.numa_nodes < 128:
+            raise ValueError(f"memory_mb={self.memory_mb} leaves less than 128 MiB per NUMA node")
+        if self.machine == "microvm":
+            if self.disk_bus == "ide":
+                raise ValueError('machine "microvm" has no IDE: use disk_bus "virtio-blk" or "virtio-scsi"')
+            if self.numa_nodes > 1:
+                raise ValueError('machine "microvm" describes no NUMA topology: use "q35" for numa_nodes')
+        for arg in self.kernel_args:
+            if not arg or any(c.isspace() for c in arg):
+                raise ValueError(f"kernel_args: {arg!r} is not one kernel argument (no blanks inside)")
+        if self.network == "bridge" and self.nic == "none":
+            raise ValueError('network = "bridge" needs a NIC: nic = "virtio-net" or "e1000"')
+        if self.network == "user" and self.mtu != vnet.DEFAULT_MTU:
+            raise ValueError('mtu applies to network = "bridge" (QEMU user networking has its own)')
+        return self
+
+    def abilities(self) -> tuple[Ability, ...]:
+        bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
+        return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), *bridge)
+
+
+def cpu_model(options: VmOptions, accelerator: str) -> str:
+    return options.cpu_model or ("host" if accelerator == "kvm" else "max")
+
+
+def root_device(options: VmOptions) -> str:
+    """The root disk's name in the guest: virtio-blk disks are vdX, SCSI and ATA disks sdX."""
+    return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"
+
+
+def kernel_cmdline(
+    options: VmOptions, accelerator: str, tsc_khz: int | None = None, ip: str | None = None
+) -> str:
+    """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address."""
+    extra = list(options.kernel_args)
+    if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
+        # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
+        # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
+        # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
+        extra.insert(0, f"tsc_early_khz={tsc_khz}")
+    return guest_cmdline(root=root_device(options), sshd=False, ip=ip, extra=tuple(extra))
+
+
+def numa_layout(vcpus: int, memory_mb: int, nodes: int) -> list[tuple[list[int], int]]:
+    """(vCPUs, MiB) of each node: contiguous vCPU ranges and memory split as evenly as whole MiB allow."""
+    layout = []
+    for node in range(nodes):
+        first, last = node * vcpus // nodes, (node + 1) * vcpus // nodes
+        memory = memory_mb // nodes + (1 if node < memory_mb % nodes else 0)
+        layout.append((list(range(first, last)), memory))
+    return layout
+
+
+def guest_kernel_cflags(cflags: tuple[str, ...], accelerator: str, cpu: str) -> tuple[str, ...]:
+    """The flags the guest's kernels are compiled with: the host's own unless the guest CPU differs."""
+    if accelerator == "kvm" and cpu == "host":
+        return cflags
+    if not any(flag == "-march=native" or flag.startswith("-mtune=native") for flag in cflags):
+        return cflags
+    return tuple(
+        PORTABLE_MARCH if flag == "-march=native" else flag for flag in cflags if flag != "-mtune=native"
+    )
+
+
+def _required_drivers(options: VmOptions) -> dict[str, str]:
+    """Guest kernel drivers this VM's hardware needs -> what needs them."""
+    drivers = {"virtio_pci": "every device", "virtio_console": "the guest agent"}
+    if options.disk_bus == "virtio-blk":
+        drivers["virtio_blk"] = "disk_bus virtio-blk"
+    elif options.disk_bus == "virtio-scsi":
+        drivers.update(virtio_scsi="disk_bus virtio-scsi", sd_mod="disk_bus virtio-scsi")
+    else:
+        drivers["ahci" if options.machine == "q35" else "ata_piix"] = f"disk_bus ide on {options.machine}"
+        drivers["sd_mod"] = "disk_bus ide"
+    if options.nic != "none":
+        drivers[options.nic.replace("-", "_")] = f"nic {options.nic}"
+    return drivers
+
+
+_FACTS_SCRIPT = r"""
+root=$1
+cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
+echo "cpu_model=$(cpu 'model name')"
+echo "cpu_flags=$(cpu flags)"
+echo "cores=$(nproc)"
+echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+echo "kernel=$(uname -r)"
+echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+echo "numa_nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)"
+echo "steal_ticks=$(awk '/^cpu / {print $9}' /proc/stat)"
+echo "clk_tck=$(getconf CLK_TCK)"
+echo "root_sysfs=$(readlink -f /sys/class/block/${root#/dev/})"
+for dev in /sys/class/net/*; do
+    driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
+done
+echo "cmdline=$(cat /proc/cmdline)"
+"""
+
+
+# Stops a process, then its descendants depth first, then kills them all: a guest-exec'd command
+# shares the agent's process group, so a group kill is not an option.
+_KILL_TREE = r"""
+kill_tree() {
+    kill -STOP "$1" 2>/dev/null
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill -KILL "$1" 2>/dev/null
+}
+kill_tree "$1"
+"""
+
+
+# Sends a signal to a process and its descendants (a background command's polite end).
+_SIGNAL_TREE = r"""
+signal_tree() {
+    for child in $(pgrep -P "$2"); do signal_tree "$1" "$child"; done
+    kill "-$1" "$2" 2>/dev/null
+}
+signal_tree "$1" "$2"
+"""
+
+
+def _exec_result(argv: list[str], status: dict[str, Any], elapsed_s: float, timed_out: bool) -> CommandResult:
+    """A finished guest-exec's status as a CommandResult."""
+    stdout = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
+    stderr = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
+    for stream in ("out", "err"):
+        if status.get(f"{stream}-truncated"):
+            stderr += f"\n[virtlab: the guest agent truncated std{stream} (it keeps 16 MiB at most)]"
+    if "exitcode" in status:
+        code = status["exitcode"]
+    else:
+        code = -int(status.get("signal", signal.SIGKILL))  # like subprocess: minus the signal
+    return CommandResult(tuple(argv), code, stdout, stderr, elapsed_s, timed_out)
+
+
+class _GuestCommand(BackgroundCommand):
+    """A guest-exec'd command left running; its output comes with its final status."""
+
+    def __init__(self, vm: GuestVmEnvironment, argv: list[str], pid: int) -> None:
+        super().__init__(argv)
+        self._vm, self._pid = vm, pid
+        self._final: dict[str, Any] | None = None  # the agent forgets a command once it said it ended
+
+    def running(self) -> bool:
+        try:
+            return self._status() is None
+        except (GuestAgentError, EnvironmentError_):
+            return False
+
+    def _status(self) -> dict[str, Any] | None:
+        if self._final is None:
+            status = self._vm._execute(self._vm._require_agent(), "guest-exec-status", {"pid": self._pid})
+            self._final = status if status.get("exited") else None
+        return self._final
+
+    def _stop(self, timeout_s: float) -> CommandResult:
+        try:
+            if self._status() is None:
+                agent = self._vm._require_agent()
+                term = {"path": "/bin/sh", "arg": ["-c", _SIGNAL_TREE, "signal", "TERM", str(self._pid)]}
+                self._vm._execute(agent, "guest-exec", term)
+                self._final, _ = self._vm._wait_exec(agent, self._pid, time.monotonic() + timeout_s)
+            assert self._final is not None
+            return _exec_result(list(self.argv), self._final, time.monotonic() - self.started, False)
+        except (GuestAgentError, EnvironmentError_) as error:
+            lost = f"[virtlab: the output is lost: VM {self._vm.name}: {error}]"
+            return CommandResult(self.argv, -int(signal.SIGKILL), "", lost, time.monotonic() - self.started)
+
+
+def _key_values(text: str) -> dict[str, str]:
+    return dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+
+
+class GuestVmEnvironment(Environment):
+    """The guest's side of a VM of the shared guest image; see the module's list of hooks."""
+
+    Options = VmOptions
+    host_tools = {QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"}
+    agent_poll_s: ClassVar[float] = 0.0
+    """Pause between two boot-time syncs when the agent said "not yet" at once (libvirt's does)."""
+
+    options: VmOptions
+
+    def __init__(self, name: str, options: VmOptions, workdir: Path) -> None:
+        super().__init__(name, options, Path(workdir).resolve())
+        self._agent: Any = None
+        self._disk: Path | None = None
+        self._started = 0.0
+        self.accelerator: str | None = None
+        self.accelerator_reason = ""
+        self.boot_s: float | None = None
+        self._facts: dict[str, Any] = {}
+        self._details: dict[str, Any] = {}
+        # One request at a time on the agent's socket: a background command's status may be asked
+        # while another thread waits for a command (network workloads run peers at once).
+        self._agent_lock = threading.RLock()
+
+    def abilities(self) -> tuple[Ability, ...]:
+        process = VcpuProcess(lambda: self.qemu_pid, lambda: self.vcpu_threads)
+        return (*super().abilities(), process, ConsoleLog(self.workdir / CONSOLE_LOG))
+
+    @property
+    def label(self) -> str:
+        """How failures name this VM."""
+        return f"VM {self.name}"
+
+    # -- checks before anything runs -----------------------------------------------------
+    @classmethod
+    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        assert isinstance(options, VmOptions)
+        problems = []
+        for tool, package in cls.host_tools.items():
+            if shutil.which(tool) is None:
+                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
+        if options.network == "bridge":
+            for tool, package in vnet.missing_tools().items():
+                problems.append(f"{tool} is not installed on this host (apt-get install {package})")
+            if os.geteuid() != 0:
+                problems.append('network = "bridge" needs root (a tap device on virtlab\'s bridge)')
+        if options.block_device is not None:
+            path = Path(options.block_device)
+            if not path.exists():
+                problems.append(f"block_device {path} does not exist")
+            elif not path.is_block_device():
+                problems.append(f"block_device {path} is not a block device")
+        if options.pin is not None:
+            usable = os.sched_getaffinity(0)
+            outside = sorted(set(options.pin) - usable)
+            if outside:
+                problems.append(
+                    f"pin names host CPUs {outside} this process cannot use (has {sorted(usable)})"
+                )
+        if options.accel == "kvm" and not problems:
+            probe = _probe()
+            if not probe.kvm_usable:
+                problems.append(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
+        # The guest runs the containers' userland (one image): a workload's tools are looked for there.
+        return problems + guest_tool_problems(tools)
+
+    @classmethod
+    def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
+        assert isinstance(options, VmOptions)
+        image = built_image(ImageSpec(kernel_flavour=options.kernel_flavour))
+        if image is None:
+            return None  # the tree's size, hence the room left on the disk, comes with the build
+        # At most the disk less the tree (ext4's own blocks take some more): a file that does not
+        # fit in this cannot fit in the guest.
+        size_mb = options.disk_size_mb or default_size_mb(image)
+        return max(0, size_mb - -(-image.size_bytes // 2**20))
+
+    @classmethod
+    def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
+        return "process", ""
+
+    # -- Environment interface -----------------------------------------------------------
+    @property
+    def bin_dir(self) -> str:
+        return GUEST_BIN
+
+    def _start_background(self, argv: list[str]) -> BackgroundCommand:
+        self._check_running()
+        agent = self._require_agent()
+        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
+        try:
+            pid = self._execute(agent, "guest-exec", request)["pid"]
+        except GuestAgentError as error:
+            message = f"VM {self.name}: starting {argv[0]}: {error}"
+            raise EnvironmentError_(message, self._failure_log()) from error
+        return _GuestCommand(self, argv, pid)
+
+    def _nfs_mount_point(self) -> str:
+        return "/mnt/virtlab-nfs"
+
+    def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
+        self._check_running()
+        console_mark = self._console_size()
+        result = self._guest_exec(argv, timeout_s)
+        if not result.ok:
+            # Kernel messages of the moment (an OOM kill, a hung task) explain many failures.
+            news = self._console_since(console_mark)
+            if news.strip():
+                stderr = f"{result.stderr}\n--- VM console during the command ---\n{news}"
+                result = CommandResult(
+                    result.argv, result.exit_code, result.stdout, stderr, result.elapsed_s, result.timed_out
+                )
+        return result
+
+    def _delete(self) -> None:
+        self._stop()
+
+    def copy_in(self, source: Path, destination: str) -> None:
+        """``destination`` relative to the guest agent's working directory (/), as commands see it.
+        The file keeps the source's permission bits, as native's and a container's copies do: the
+        agent creates files readable by all (0666), which sshd and ssh refuse for a private key."""
+        agent = self._require_agent()
+        handle = agent.execute("guest-file-open", {"path": destination, "mode": "w"})
+        try:
+            with open(source, "rb") as local:
+                while chunk := local.read(1 << 20):
+                    data = base64.b64encode(chunk).decode()
+                    done = agent.execute("guest-file-write", {"handle": handle, "buf-b64": data}, timeout=60)
+                    if done.get("count") != len(chunk):
+                        raise EnvironmentError_(f"VM {self.name}: short write to {destination}: {done}")
+        finally:
+            agent.execute("guest-file-close", {"handle": handle})
+        mode = f"{os.stat(source).st_mode & 0o7777:o}"
+        result = self._guest_exec(["chmod", mode, "--", destination], timeout_s=30)
+        if not result.ok:
+            raise EnvironmentError_(f"VM {self.name}: chmod {mode} {destination} failed", result.log())
+
+    def copy_out(self, source: str, destination: Path) -> None:
+        agent = self._require_agent()
+        handle = agent.execute("guest-file-open", {"path": source, "mode": "r"})
+        try:
+            with open(destination, "wb") as local:
+                while True:
+                    chunk = agent.execute("guest-file-read", {"handle": handle, "count": 1 << 20}, timeout=60)
+                    local.write(base64.b64decode(chunk.get("buf-b64", "")))
+                    if chunk.get("eof") or not chunk.get("count"):
+                        break
+        finally:
+            agent.execute("guest-file-close", {"handle": handle})
+
+    def manifest(self) -> dict[str, Any]:
+        facts = self._facts
+        steal = self._steal_s()
+        return {
+            **super().manifest(),
+            "accelerator": self.accelerator,
+            "accelerator_reason": self.accelerator_reason,
+            "boot_s": self.boot_s,
+            "cpu_model": facts.get("cpu_model"),
+            "cpu_flags": facts.get("cpu_flags", "").split(),
+            "cores": _int(facts.get("cores")),
+            "memory_bytes": _int(facts.get("memory_kb"), 1024),
+            "kernel": facts.get("kernel"),
+            "clocksource": facts.get("clocksource"),
+            "numa_nodes": _int(facts.get("numa_nodes")),
+            "steal_s": steal,
+            "guest_cmdline": facts.get("cmdline"),
+            "network": {
+                "mode": self._network_mode(),
+                "nic": self.options.nic,
+                "guest_driver": facts.get("nic_driver"),
+                "address": self.network_address(),
+                "mtu": self.options.mtu if self.options.network == "bridge" else None,
+            },
+            "storage": {
+                "bus": self.options.disk_bus,
+                "cache": self.options.disk_cache,
+                "aio": "threads",
+                "format": self.options.image_format,
+                "preallocate": self.options.preallocate,
+                "root_sysfs": facts.get("root_sysfs"),
+                "block_device": self.options.block_device,
+            },
+            **self._details,
+            **self._qemu_manifest(),
+            "console_log": str(self.workdir / CONSOLE_LOG),
+        }
+
+    def environment_samples(self) -> list[Sample]:
+        """Figures of the environment itself (not of a workload): set-up and boot time."""
+        if self.boot_s is None:
+            return super().environment_samples()
+        metadata = {"accelerator": self.accelerator, "machine": self.options.machine}
+        return [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+
+    # -- provisioning steps --------------------------------------------------------------
+    def _provision_guest(
+        self, steps: tuple[Callable[[], object], ...], wrapped: tuple[type[BaseException], ...]
+    ) -> None:
+        """Run the provisioning ``steps`` in order; on any failure, stop what started and raise it
+        with the failure log attached (``wrapped`` errors as EnvironmentError_)."""
+        try:
+            for step in steps:
+                step()
+        except BaseException as error:
+            log = self._failure_log()
+            self._stop()
+            if isinstance(error, EnvironmentError_):
+                error.log = log
+                raise
+            if isinstance(error, wrapped):
+                raise EnvironmentError_(f"{self.label}: {error}", log) from error
+            raise
+
+    def _choose_accelerator(self) -> None:
+        if self.options.accel == "tcg":
+            self.accelerator, self.accelerator_reason = "tcg", 'the plan asks for accel = "tcg"'
+            return
+        probe = _probe()
+        self._details["kvm_probe"] = {
+            "kvm_usable": probe.kvm_usable,
+            "elapsed_s": probe.elapsed_s,
+            "cached": probe.cached,
+        }
+        if self.options.accel == "kvm" and not probe.kvm_usable:
+            raise EnvironmentError_(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
+        self.accelerator = "kvm" if probe.kvm_usable else "tcg"
+        self.accelerator_reason = probe.reason
+
+    def _image(self) -> GuestImage:
+        try:
+            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour), progress=self.say)
+        except ImageError as error:
+            raise EnvironmentError_(f"guest image: {error}", str(error)) from error
+        missing = set(image.manifest.get("missing_drivers", ()))
+        for driver, needed_by in _required_drivers(self.options).items():
+            if driver in missing:
+                raise EnvironmentError_(
+                    f"the guest kernel ({image.spec.kernel_flavour}) has no {driver} driver, "
+                    f'which {needed_by} needs: set kernel_flavour = "amd64"'
+                    + (' or machine = "pc"' if driver == "ahci" else "")
+                )
+        self._details["image"] = {"key": image.key, "kernel_flavour": image.spec.kernel_flavour}
+        return image
+
+    def _guest_kernels(self, kernels: KernelBuild) -> KernelBuild:
+        assert self.accelerator is not None
+        cflags = guest_kernel_cflags(
+            kernels.cflags, self.accelerator, cpu_model(self.options, self.accelerator)
+        )
+        guest = (
+            kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
+        )
+        note = None
+        if guest is not kernels:
+            why = "TCG does not emulate all of" if self.accelerator == "tcg" else "the guest CPU model lacks"
+            note = f"the host's build ({' '.join(kernels.cflags)}) uses instructions {why}"
+        self._details["kernels"] = {**guest.metadata(), "note": note}
+        return guest
+
+    def _make_disk(self, image: GuestImage, kernels: KernelBuild) -> Path:
+        target = self.workdir / f"disk.{self.options.image_format}"
+        try:
+            return make_disk(
+                image,
+                target,
+                format=self.options.image_format,
+                preallocate=self.options.preallocate,
+                size_mb=self.options.disk_size_mb,
+                extra_files=kernel_files(kernels.bin_dir),
+            )
+        except (ImageError, ValueError) as error:
+            raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
+
+    def _boot(self) -> None:
+        deadline = self._started + self.options.boot_timeout_s
+        self._agent = self._new_agent()
+        waited = wait_for_agent(self._agent, self._qemu_alive, deadline, self.agent_poll_s)
+        if waited == "ended":
+            raise EnvironmentError_(f"{self.label}: {self._ended()} before the guest answered")
+        if waited == "timeout":
+            raise EnvironmentError_(
+                f"{self.label}: no answer from the guest agent within "
+                f"boot_timeout_s={self.options.boot_timeout_s:g} s"
+            )
+        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
+        if not first.ok:
+            raise EnvironmentError_(f"{self.label}: the first command failed: {first.log()}")
+        self.boot_s = round(time.monotonic() - self._started, 3)
+
+    def _read_facts(self) -> None:
+        self._facts = self._collect_facts()
+
+    def _collect_facts(self) -> dict[str, str]:
+        result = self._guest_exec(
+            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options)], timeout_s=60
+        )
+        if not result.ok:
+            raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")
+        return _key_values(result.stdout)
+
+    # -- commands in the guest -----------------------------------------------------------
+    def _guest_exec(self, argv: list[str], timeout_s: float) -> CommandResult:
+        agent = self._require_agent()
+        started = time.monotonic()
+        request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
+        try:
+            pid = self._execute(agent, "guest-exec", request)["pid"]
+        except GuestAgentError as error:
+            if error.error_class is None:  # the agent went away, rather than refusing the command
+                raise self._agent_lost(error) from error
+            # What a shell says of a program it cannot start, with its status.
+            return CommandResult(tuple(argv), 127, "", f"{error}\n", time.monotonic() - started)
+        try:
+            status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
+        except GuestAgentError as error:
+            raise self._agent_lost(error) from error
+        return _exec_result(argv, status, time.monotonic() - started, timed_out)
+
+    def _execute(
+        self, agent: GuestAgent, command: str, arguments: dict[str, Any], timeout: float = 30
+    ) -> Any:
+        """``agent.execute``, one request at a time."""
+        with self._agent_lock:
+            return agent.execute(command, arguments, timeout=timeout)
+
+    def _wait_exec(self, agent: GuestAgent, pid: int, deadline: float) -> tuple[dict[str, Any], bool]:
+        # Short commands are polled closely (a poll costs the guest about a millisecond), long ones
+        # at most every _EXEC_POLL_MAX_S.
+        started, interval = time.monotonic(), 0.002
+        while True:
+            left = deadline - time.monotonic()
+            status = self._execute(agent, "guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
+            if status.get("exited"):
+                return status, False
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() - started > 0.05:
+                interval = min(interval * 1.5, _EXEC_POLL_MAX_S)
+        # Timed out: end the command and all it forked, keep what it printed, keep the VM.
+        self._execute(agent, "guest-exec", {"path": "/bin/sh", "arg": ["-c", _KILL_TREE, "kill", str(pid)]})
+        grace = time.monotonic() + _KILL_GRACE_S
+        while time.monotonic() < grace:
+            status = self._execute(agent, "guest-exec-status", {"pid": pid})
+            if status.get("exited"):
+                break
+            time.sleep(0.05)
+        return status, True
+
+    # -- state -----------------------------------------------------------------------------
+    def _agent_lost(self, error: GuestAgentError) -> EnvironmentError_:
+        """The guest agent's failure as the trial's, naming QEMU's end when that is its cause (a
+        killed QEMU shows first as a broken socket)."""
+        self._await_exit(_REAP_WAIT_S)  # its socket closes as it exits
+        if not self._qemu_alive():
+            return EnvironmentError_(
+                f"VM {self.name}: QEMU is no longer running ({self._exit_status()}); guest agent: {error}",
+                self._failure_log(),
+            )
+        return EnvironmentError_(f"VM {self.name}: {error}", self._failure_log())
+
+    def _check_running(self) -> None:
+        if not self._qemu_alive():
+            raise EnvironmentError_(
+                f"VM {self.name}: QEMU is no longer running ({self._exit_status()})", self._failure_log()
+            )
+
+    def _console_size(self) -> int:
+        try:
+            return (self.workdir / CONSOLE_LOG).stat().st_size
+        except OSError:
+            return 0
+
+    def _console_since(self, offset: int, limit: int = 20_000) -> str:
+        try:
+            with open(self.workdir / CONSOLE_LOG, "rb") as handle:
+                handle.seek(max(offset, self._console_size() - limit))
+                return handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _steal_s(self) -> float | None:
+        if not self._qemu_alive() or self._agent is None:
+            return None
+        try:
+            result = self._guest_exec(
+                ["sh", "-c", "awk '/^cpu / {print $9}' /proc/stat; getconf CLK_TCK"], 10
+            )
+            ticks, hz = result.stdout.split()
+            return int(ticks) / int(hz)
+        except (EnvironmentError_, ValueError):
+            return None
+
+    @property
+    def vcpu_threads(self) -> list[int]:
+        return list(self._details.get("vcpu_threads", []))
+
+    # -- hooks -------------------------------------------------------------------------------
+    @abstractmethod
+    def _new_agent(self) -> Any:
+        """The guest agent (``qmp.GuestAgent``'s interface) ``_boot`` waits for."""
+
+    @abstractmethod
+    def _require_agent(self) -> Any:
+        """The guest agent, ready for a command; EnvironmentError_ when the VM is not running."""
+
+    @abstractmethod
+    def _qemu_alive(self) -> bool: ...
+
+    @abstractmethod
+    def _ended(self) -> str:
+        """How the VM ended, as in "<label>: <ended> before the guest answered"."""
+
+    @abstractmethod
+    def _exit_status(self) -> str: ...
+
+    @abstractmethod
+    def _failure_log(self) -> str: ...
+
+    @abstractmethod
+    def _stop(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def qemu_pid(self) -> int | None:
+        """The QEMU process of this VM on this host while it runs, else None."""
+
+    @abstractmethod
+    def _qemu_manifest(self) -> dict[str, Any]:
+        """The manifest's keys on QEMU's command line (``qemu_argv``, ...)."""
+
+    @abstractmethod
+    def _network_mode(self) -> str: ...
+
+    def _await_exit(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for QEMU's end where that can be waited for."""
+        return None
+
+
+def _int(value: str | None, scale: int = 1) -> int | None:
+    try:
+        return int(value) * scale if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _probe() -> Any:
+    from virtlab.accel import probe_kvm
+
+    return probe_kvm()
