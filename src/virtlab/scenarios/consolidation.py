@@ -43,22 +43,17 @@ of the host over the study spreads over every tile count instead of landing on t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab import consolidation, energy
-from virtlab.build import KernelBuild
 from virtlab.environments import Environment
-from virtlab.environments.abilities import BridgeNetwork
 from virtlab.export.consolidation import write_consolidation_reports
-from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.progress import ProgressSink
+from virtlab.plan import EnvironmentSpec, StudySpec, WorkloadSpec
 from virtlab.results.consolidation import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
-from virtlab.store import ResultStore
 from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS
 
@@ -120,6 +115,7 @@ class ConsolidationScenario(TogetherStudy):
     Config = ConsolidationConfig
     runs_key = RUNS_KEY
     what = "a consolidation study"
+    config: ConsolidationConfig
 
     @classmethod
     def check(
@@ -130,12 +126,8 @@ class ConsolidationScenario(TogetherStudy):
         workloads: Sequence[WorkloadSpec],
     ) -> list[PlanProblem]:
         problems = cls.check_frame(study, environments, "consolidation", "the tile member")
-        if len(environments) == 1 and environments[0].options.offers(BridgeNetwork) is None:
-            problems.append(
-                (f"environment ({environments[0].name}).network",
-                 "the web and database servers are loaded from the native side over virtlab's network",
-                 'set network = "bridge"')
-            )  # fmt: skip
+        if len(environments) == 1:
+            problems += cls.bridge_problems(environments[0], "the web and database servers are")
         kinds = [w.kind for w in workloads]
         if sorted(kinds) != sorted(ROLES):
             problems.append(
@@ -149,18 +141,12 @@ class ConsolidationScenario(TogetherStudy):
                     (f"workload ({spec.name}).duration_s", "every workload runs for the same window",
                      "remove it; [consolidation] duration_s sets the window")
                 )  # fmt: skip
-            if "peer" in params.model_fields_set:
-                problems.append(
-                    (f"workload ({spec.name}).peer", "the load comes from the native side", "remove it")
-                )  # fmt: skip
+            problems += cls.peer_problems(spec)
         return problems
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
-        self.config: ConsolidationConfig = plan.scenario
-        self.roles = {spec.kind: with_duration(spec, self.config.duration_s) for spec in plan.workloads}
+    def setup(self) -> None:
+        super().setup()
+        self.roles = {spec.kind: with_duration(spec, self.config.duration_s) for spec in self.plan.workloads}
 
     # -- the runs
     def runs(self) -> list[Run]:

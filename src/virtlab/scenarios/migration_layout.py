@@ -59,17 +59,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
-from virtlab.errors import InputError
 from virtlab.export.numa import write_migration_layout_reports
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.progress import ProgressSink
 from virtlab.results.migration_layout import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
-from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape
-from virtlab.study.preflight import kernels_for
+from virtlab.study.preflight import kernels_for, kernels_unless
 from virtlab.workloads._throughput import ThroughputParams
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -251,6 +249,7 @@ class MigrationLayoutScenario(RunsStudy):
     summary = "a VM live-migrated into a loaded NUMA host under proposal / reactive / default (seed 004)"
     Config = MigrationLayoutConfig
     runs_key = RUNS_KEY
+    config: MigrationLayoutConfig
 
     @classmethod
     def check(
@@ -295,19 +294,14 @@ class MigrationLayoutScenario(RunsStudy):
         if backend == "live":
             template = plan.environments[0]
             tools = tuple(sorted({t for w in plan.workloads for t in w.workload.tools}))
-            problems = template.cls.preflight(template.options, tools)
-            if problems:
-                raise InputError(
-                    plan.source, f"environment {template.name!r}: {problems[0]}", "install what is missing"
-                )
+            problems = [
+                f"environment {template.name!r}: {p}" for p in template.cls.preflight(template.options, tools)
+            ]
+            return kernels_unless(plan, problems, "install what is missing")
         return kernels_for(plan)
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
-        self.config: MigrationLayoutConfig = plan.scenario
-        self.workloads = {w.name: w for w in plan.workloads}
+    def setup(self) -> None:
+        self.workloads = {w.name: w for w in self.plan.workloads}
         self.backend, self.backend_reason = resolve_backend(self.config)
         self._model = Model()
         self._simulated: dict[str, Any] = {}  # case name -> the simulator's result for every mode

@@ -70,17 +70,15 @@ from virtlab.environments.abilities import (
     VcpuProcess,
     vcpu_count,
 )
-from virtlab.errors import InputError
 from virtlab.export.priority import write_priority_reports
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.progress import ProgressSink
 from virtlab.results.priority import build_section
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
 from virtlab.scenario_kinds import PlanProblem, register_scenario
-from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape
-from virtlab.study.preflight import kernels_for
+from virtlab.study.preflight import kernels_unless
 from virtlab.workloads import Workload
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -499,6 +497,7 @@ class PriorityScenario(RunsStudy):
     Config = PriorityConfig
     runs_key = TRIALS_KEY
     unit = "trial"
+    config: PriorityConfig
 
     @classmethod
     def check(
@@ -561,19 +560,11 @@ class PriorityScenario(RunsStudy):
             for guest, spec in configuration.control.items():
                 for problem in validate_against_host(spec, vcpus=vcpus):
                     problems.append(f"{guest_name(configuration.name, guest)}: {problem}")
-        if problems:
-            raise InputError(
-                plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
-            )
-        return kernels_for(plan)
+        return kernels_unless(plan, problems)
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
-        self.config: PriorityConfig = plan.scenario
-        self.template = plan.environments[0]
-        self.workload = plan.workloads[0]
+    def setup(self) -> None:
+        self.template = self.plan.environments[0]
+        self.workload = self.plan.workloads[0]
 
     # -- the study
     def runs(self) -> list[Run]:

@@ -34,20 +34,15 @@ over the survivors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from virtlab.build import KernelBuild
-from virtlab.environments.abilities import BridgeNetwork
 from virtlab.export.scale_out import write_scale_out_reports
-from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.progress import ProgressSink
+from virtlab.plan import EnvironmentSpec, StudySpec, WorkloadSpec
 from virtlab.results.scale_out import build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
-from virtlab.store import ResultStore
 from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS, PeerWorkload
 
@@ -98,6 +93,7 @@ class ScaleOutScenario(TogetherStudy):
     Config = ScaleOutConfig
     runs_key = RUNS_KEY
     what = "a scale-out study"
+    config: ScaleOutConfig
 
     @classmethod
     def check(
@@ -115,12 +111,8 @@ class ScaleOutScenario(TogetherStudy):
             return problems
         spec = workloads[0]
         served = isinstance(spec.workload, PeerWorkload)
-        if served and environments and environments[0].options.offers(BridgeNetwork) is None:
-            problems.append(
-                (f"environment ({environments[0].name}).network",
-                 f"{spec.kind} is loaded from the native side over virtlab's network",
-                 'set network = "bridge"')
-            )  # fmt: skip
+        if served and environments:
+            problems += cls.bridge_problems(environments[0], f"{spec.kind} is")
         if served and max(config.counts) > MAX_PEERS:
             problems.append(
                 ("scale_out.counts", f"a served workload has {MAX_PEERS} client slots on the native side",
@@ -139,18 +131,12 @@ class ScaleOutScenario(TogetherStudy):
                 (f"workload ({spec.name}).duration_s", "[scale_out] duration_s sets every instance's window",
                  "give it in one place")
             )  # fmt: skip
-        if "peer" in params.model_fields_set:
-            problems.append(
-                (f"workload ({spec.name}).peer", "the load comes from the native side", "remove it")
-            )
+        problems += cls.peer_problems(spec)
         return problems
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
-        self.config: ScaleOutConfig = plan.scenario
-        spec = plan.workloads[0]
+    def setup(self) -> None:
+        super().setup()
+        spec = self.plan.workloads[0]
         self.spec = spec if self.config.duration_s is None else with_duration(spec, self.config.duration_s)
         self.metric = self.config.metric or MAIN_METRIC[spec.kind]
 

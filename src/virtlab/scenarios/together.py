@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from virtlab.build import KernelBuild
 from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments.abilities import BridgeNetwork
 from virtlab.environments.native import NativeEnvironment, NativeOptions
-from virtlab.errors import InputError
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
@@ -33,7 +33,7 @@ from virtlab.study import Run, RunsStudy, StudyOutcome, StudyShape, TrialFailure
 from virtlab.study.base import now
 from virtlab.study.measure import measure_inside
 from virtlab.study.peers import measure_peers
-from virtlab.study.preflight import kernels_for
+from virtlab.study.preflight import kernels_unless
 from virtlab.workloads._peer import Link, PeerWorkload
 
 LOAD_SIDE = "native"
@@ -211,10 +211,7 @@ def preflight_members(plan: Plan) -> KernelBuild:
         if isinstance(spec.workload, PeerWorkload):
             for problem in NativeEnvironment.preflight(NativeOptions(), spec.workload.tools):
                 problems.append(f"the native side (clients of {spec.name!r}): {problem}")
-    if problems:
-        fix = "change the plan or install what is missing (`virtlab doctor`)"
-        raise InputError(plan.source, problems[0], fix)
-    return kernels_for(plan)
+    return kernels_unless(plan, problems)
 
 
 def with_duration(spec: WorkloadSpec, duration_s: int) -> WorkloadSpec:
@@ -265,16 +262,31 @@ class TogetherStudy(RunsStudy):
             problems.append(("environment.control", f"not used by {cls.what}", "remove it"))
         return problems
 
+    @staticmethod
+    def bridge_problems(member: EnvironmentSpec, loaded: str) -> list[PlanProblem]:
+        """The member's servers are loaded from the native side (``loaded`` says which): it needs
+        virtlab's network."""
+        if member.options.offers(BridgeNetwork) is not None:
+            return []
+        why = f"{loaded} loaded from the native side over virtlab's network"
+        return [(f"environment ({member.name}).network", why, 'set network = "bridge"')]
+
+    @staticmethod
+    def peer_problems(spec: WorkloadSpec) -> list[PlanProblem]:
+        """A workload of such a study names no peer: its load comes from the native side."""
+        if "peer" not in spec.workload.params.model_fields_set:
+            return []
+        return [(f"workload ({spec.name}).peer", "the load comes from the native side", "remove it")]
+
     @classmethod
     def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
         return preflight_members(plan)
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
-        self.member = plan.environments[0]
-        self.load_side = NativeEnvironment(LOAD_SIDE, NativeOptions(), out_dir / "environments" / LOAD_SIDE)
+    def setup(self) -> None:
+        self.member = self.plan.environments[0]
+        self.load_side = NativeEnvironment(
+            LOAD_SIDE, NativeOptions(), self.out_dir / "environments" / LOAD_SIDE
+        )
 
     # -- what a subclass gives
     @abstractmethod

@@ -84,6 +84,11 @@ class Study(ABC):
         self.progress = progress
         self.config: Any = plan.scenario
         self.outcome = StudyOutcome(out_dir)
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 - a hook; the grid derives nothing more
+        """What the study derives from its plan, once, at the end of ``__init__`` (its template, its
+        workloads as it runs them)."""
 
     # -- what a subclass gives
     @abstractmethod

@@ -23,11 +23,10 @@ from virtlab.errors import InputError
 from virtlab.hostcache import drop_host_caches
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
-from virtlab.progress import ProgressSink
 from virtlab.samples import Sample
 from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
-from virtlab.store import FailureRecord, ResultStore, TrialRecord
+from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
 from virtlab.study.measure import error_log, measure_inside
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
@@ -49,15 +48,13 @@ class GridStudy(Study):
     def preflight(cls, plan: Plan, out_dir: Path) -> KernelBuild:
         return preflight(plan, out_dir)
 
-    def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
-    ) -> None:
-        super().__init__(plan, out_dir, store, kernels, progress)
+    def setup(self) -> None:
+        plan = self.plan
         self.environments: dict[str, Environment] = {}
         self.controls: dict[str, EnvironmentControls] = {}
         self.usage: StudyUsage | None = None
         self._manifests: dict[str, dict[str, Any]] = {}
-        self.storage = SharedStorage(out_dir / "storage")
+        self.storage = SharedStorage(self.out_dir / "storage")
         self._rewrite = Throttle(OUTPUTS_EVERY_S)
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
         # A network workload's senders and receivers are peers of its cells, not cells of it.

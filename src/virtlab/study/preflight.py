@@ -69,14 +69,23 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
                 space += space_problems(env, workload, out_dir or Path("results"))
     if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
         problems.append(f'storage = "nfs": {nfs.missing()}')
+    refuse_first(plan, problems)
+    return kernels_unless(plan, space, "make the workload's file smaller or give it a place with room")
+
+
+INSTALL_FIX = "change the plan or install what is missing (`virtlab doctor`)"
+
+
+def refuse_first(plan: Plan, problems: list[str], fix: str = INSTALL_FIX) -> None:
+    """One InputError for the first problem found before anything runs (the next shows once it is
+    fixed); nothing when there is none."""
     if problems:
-        raise InputError(
-            plan.source, problems[0], "change the plan or install what is missing (`virtlab doctor`)"
-        )
-    if space:
-        raise InputError(
-            plan.source, space[0], "make the workload's file smaller or give it a place with room"
-        )
+        raise InputError(plan.source, problems[0], fix)
+
+
+def kernels_unless(plan: Plan, problems: list[str], fix: str = INSTALL_FIX) -> KernelBuild:
+    """The first problem refused (``refuse_first``), else the kernels built for the plan."""
+    refuse_first(plan, problems, fix)
     return kernels_for(plan)
 
 
