@@ -18,10 +18,12 @@ from typing import Any
 from markupsafe import Markup
 
 from virtlab.export.charts import Chart
-from virtlab.export.html import _environment
-from virtlab.export.markdown import _failure, _section, escape, not_measured
+from virtlab.export.html import template_environment as _environment
+from virtlab.export.markdown import escape, not_measured
+from virtlab.export.markdown import failure_section as _failure
+from virtlab.export.markdown import table_section as _section
 from virtlab.export.tables import Report, Table, build_report
-from virtlab.export.tabular import _write_atomic
+from virtlab.export.tabular import write_atomic as _write_atomic
 
 
 @dataclass(frozen=True)
