@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from virtlab import stats
-from virtlab.export.tables import (
+from virtlab.export.report_context import (
     ENV,
     Absence,
     Cell,

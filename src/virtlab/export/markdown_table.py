@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from virtlab.export.tables import Cell, Table, note_mark
+from virtlab.export.report_context import Cell, Table, note_mark
 
 _ALWAYS = re.compile(r"([\\`*\[\]<>|~&])")
 _EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
