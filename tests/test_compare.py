@@ -188,3 +188,19 @@ def test_a_study_of_a_newer_format_is_refused():
     newer = {**study("after", []), "version": 2}
     with pytest.raises(ValueError, match="version 2 is newer"):
         compare_results(study("before", []), newer)
+
+
+def test_a_changed_unit_is_incomparable_and_says_both_figures():
+    a = study("before", [cell("vm", "stream", "triad_mb_s", BASE, unit="MB/s")])
+    b = study("after", [cell("vm", "stream", "triad_mb_s", scaled(0.5), unit="GB/s")])
+    (change,) = compare_results(a, b)
+    assert (change.environment, change.workload, change.metric, change.unit) == (
+        "vm",
+        "stream",
+        "triad_mb_s",
+        "GB/s",
+    )
+    assert change.status == "incomparable" and change.better == "higher" and change.significant is False
+    assert change.before == pytest.approx(stats.summarize(BASE, "higher").value)
+    assert change.after == pytest.approx(stats.summarize(scaled(0.5), "higher").value)
+    assert change.change_pct is None and change.p_value is None

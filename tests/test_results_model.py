@@ -179,3 +179,37 @@ def test_a_scenario_section_is_found_by_the_scenario_name(document):
     assert results.has_section("priority") and not results.has_section("consolidation")
     with pytest.raises(KeyError, match="no 'consolidation' section"):
         results.section("consolidation")
+
+
+def one_cell(study_reduction: str = "trimmed-mean", **cell) -> object:
+    raw = {"environment": "native", "workload": "w", "metric": "m", "trials": TRIALS, **cell}
+    return Results.from_dict(hand_made([raw], reduction=study_reduction)).cells[0]
+
+
+@pytest.mark.parametrize(
+    ("study_reduction", "cell", "value"),
+    [
+        ("best", {"better": "lower"}, 10.0),  # the best of a lower-is-better metric: the smallest
+        ("best", {"better": "higher"}, 30.0),
+        ("best", {}, 30.0),  # no direction written: higher
+        ("mean", {"reduction": "max", "better": "lower"}, 30.0),  # the cell's own reduction first
+        ("bogus", {}, 11.5),  # a reduction this virtlab does not know: the default one
+    ],
+)
+def test_a_missing_figure_is_reduced_by_the_cells_reduction_and_direction(study_reduction, cell, value):
+    read = one_cell(study_reduction, **cell)
+    assert read.value == value
+    assert read.reduction == cell.get("reduction", study_reduction)
+
+
+def test_stored_kept_and_outliers_are_kept_when_only_the_figure_is_missing():
+    read = one_cell(kept=[True, True, False, True, True], outliers=[0])
+    assert read.kept == (True, True, False, True, True) and read.outliers == (0,)
+    assert read.value == pytest.approx(11.5) and read.ci95 == stats.summarize(TRIALS, "higher").ci95
+    stored = one_cell(value=1.0, ci95=[0.5, 1.5], kept=[False] * 5, outliers=[1, "x"])
+    assert (stored.value, stored.ci95, stored.kept, stored.outliers) == (1.0, (0.5, 1.5), (False,) * 5, (1,))
+
+
+def test_a_cell_without_trials_has_no_figure():
+    read = one_cell(trials=[])
+    assert read.value is None and read.ci95 is None and read.kept == () and read.outliers == ()
