@@ -2,7 +2,8 @@
 
 import pytest
 
-from virtlab.analysis import build_cells, build_results, manifest_differences, upgrade_results
+from virtlab.analysis import build_cells, build_results, manifest_differences
+from virtlab.results import upgrade_results
 from virtlab.samples import Sample
 from virtlab.store import FailureRecord, TrialRecord
 

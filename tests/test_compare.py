@@ -171,3 +171,36 @@ def test_incomparable_units():
     b = study("b", [cell("native", "stream", "triad_mb_s", BASE, unit="GB/s")])
     (change,) = compare_results(a, b)
     assert change.status == "incomparable" and change.regression_pct is None
+
+
+def test_cells_written_with_their_trials_only_compare_through_the_model():
+    kept = ("environment", "workload", "metric", "unit", "better", "trials")
+    before = [cell("native", "stream", "triad_mb_s", BASE), cell("vm", "stream", "triad_mb_s", BASE)]
+    bare = [{k: v for k, v in c.items() if k in kept} for c in before]
+    after = [cell("native", "stream", "triad_mb_s", scaled(0.8)), cell("vm", "stream", "triad_mb_s", BASE)]
+    changes = compare_results(study("before", bare), study("after", after))
+    assert [c.status for c in changes] == [STATUS_WORSE, STATUS_NOISE]
+    assert changes[0].before == pytest.approx(stats.summarize(BASE, "higher").value)
+    assert changes[0].regression_pct == pytest.approx(20.0)
+
+
+def test_a_study_of_a_newer_format_is_refused():
+    newer = {**study("after", []), "version": 2}
+    with pytest.raises(ValueError, match="version 2 is newer"):
+        compare_results(study("before", []), newer)
+
+
+def test_a_changed_unit_is_incomparable_and_says_both_figures():
+    a = study("before", [cell("vm", "stream", "triad_mb_s", BASE, unit="MB/s")])
+    b = study("after", [cell("vm", "stream", "triad_mb_s", scaled(0.5), unit="GB/s")])
+    (change,) = compare_results(a, b)
+    assert (change.environment, change.workload, change.metric, change.unit) == (
+        "vm",
+        "stream",
+        "triad_mb_s",
+        "GB/s",
+    )
+    assert change.status == "incomparable" and change.better == "higher" and change.significant is False
+    assert change.before == pytest.approx(stats.summarize(BASE, "higher").value)
+    assert change.after == pytest.approx(stats.summarize(scaled(0.5), "higher").value)
+    assert change.change_pct is None and change.p_value is None

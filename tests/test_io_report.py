@@ -17,6 +17,7 @@ from virtlab.export.iocharts import render_io_charts
 from virtlab.export.iotables import io_tables, varying_params
 from virtlab.export.sweeps import latency_bars, queue_depth_curves, sweep_curves, sweeps
 from virtlab.export.tables import Report, build_report
+from virtlab.results import Workload
 from virtlab.samples import Sample
 from virtlab.store import FailureRecord, TrialRecord
 
@@ -350,12 +351,16 @@ def test_queue_depth_curves_per_pattern_and_pass(results):
 
 
 def test_sweeps_need_one_parameter_and_three_values(results):
-    found = {(key, tuple(w["name"] for w in group)) for key, group in sweeps(results)}
+    found = {(key, tuple(w.name for w in group)) for key, group in sweeps(results)}
     assert ("size_mb", ("dd-8", "dd-16", "dd-32")) in found
     assert ("message_bytes", ("iperf3-64", "iperf3-1024", "iperf3-65536")) in found
     # nuttcp's workloads differ in two parameters, the latency pair in a text one: no curve
-    assert not any(group[0]["kind"] in ("nuttcp", "fio_latency") for _, group in sweeps(results))
-    two = {"workloads": [w for w in results["workloads"] if w["name"] in ("dd-8", "dd-16")], "cells": []}
+    assert not any(group[0].kind in ("nuttcp", "fio_latency") for _, group in sweeps(results))
+    two = {
+        **results,
+        "workloads": [w for w in results["workloads"] if w["name"] in ("dd-8", "dd-16")],
+        "cells": [],
+    }
     assert sweeps(two) == []
 
 
@@ -429,8 +434,8 @@ def test_common_metadata_keeps_agreed_scalars_only():
 
 def test_varying_params_ignore_the_timeout():
     workloads = [
-        {"params": {"size_mb": 8, "timeout_s": 301.0}},
-        {"params": {"size_mb": 16, "timeout_s": 302.0}},
+        Workload("dd-8", "dd", {"size_mb": 8, "timeout_s": 301.0}),
+        Workload("dd-16", "dd", {"size_mb": 16, "timeout_s": 302.0}),
     ]
     assert varying_params(workloads) == ["size_mb"]
 

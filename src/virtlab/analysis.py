@@ -11,9 +11,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from virtlab import stats
+from virtlab.results import ENVIRONMENT_KIND, FORMAT_VERSION
 from virtlab.store import FailureRecord, TrialRecord
-
-RESULTS_FORMAT_VERSION = 1
 
 
 def build_cells(
@@ -64,7 +63,7 @@ def build_cells(
         base = summaries.get((baseline, workload, metric))
         # An environment's own set-up (kind "environment") is described, not judged: the host
         # needs no set-up at all, so every overhead against it would be meaningless.
-        if environment == baseline or base is None or cell["kind"] == "environment":
+        if environment == baseline or base is None or cell["kind"] == ENVIRONMENT_KIND:
             continue
         overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
         cell["overhead_pct"] = overhead
@@ -144,7 +143,7 @@ def build_results(
         trials, workloads, order, study["baseline"], study["reduction"], study["threshold_pct"]
     )
     return {
-        "version": RESULTS_FORMAT_VERSION,
+        "version": FORMAT_VERSION,
         "study": dict(study),
         "metadata": dict(metadata),
         "environments": list(environments),
@@ -163,19 +162,3 @@ def build_results(
             for f in failures
         ],  # fmt: skip
     }
-
-
-def upgrade_results(document: dict[str, Any]) -> dict[str, Any]:
-    """Bring an older results.json up to the current format, one version at a time."""
-    version = document.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise ValueError("not a virtlab results document (no integer 'version')")
-    if version > RESULTS_FORMAT_VERSION:
-        raise ValueError(f"results format {version} is newer than this virtlab ({RESULTS_FORMAT_VERSION})")
-    for step in range(version, RESULTS_FORMAT_VERSION):
-        document = _UPGRADES[step](document)
-    return document
-
-
-# _UPGRADES[n] turns format n into n + 1; docs/results-format.md keeps the history.
-_UPGRADES: dict[int, Any] = {}

@@ -163,7 +163,7 @@ def _print_plugin(name: str, summary: str, model: type) -> None:
 
 
 def _load_results(directory: Path) -> dict:
-    from virtlab.analysis import upgrade_results
+    from virtlab.results import upgrade_results
 
     path = directory / "results.json" if directory.is_dir() else directory
     try:

@@ -14,18 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from virtlab import stats
-from virtlab.export.markdown import escape, render_table
-from virtlab.export.tables import (
-    ARROW,
-    Cell,
-    Table,
-    cell_index,
-    cell_trials,
-    cell_value,
-    check_version,
-    format_pct,
-    format_value,
-)
+from virtlab.export.markdown_table import escape, render_table
+from virtlab.export.tables import ARROW, Cell, Table, format_pct, format_value
+from virtlab.results import Cell as ResultCell
+from virtlab.results import Results
 
 STATUS_WORSE = "worse"
 STATUS_BETTER = "better"
@@ -58,25 +50,15 @@ class CellChange:
     """worse, better, not significant, not measured, incomparable, only in A, only in B."""
 
 
-def _reduction(results: Mapping[str, Any]) -> str:
-    return str((results.get("study") or {}).get("reduction") or "trimmed-mean")
-
-
-def _better(cell: Mapping[str, Any]) -> str:
-    better = cell.get("better")
-    return better if better in ("higher", "lower") else "higher"
-
-
-def _unmatched(cell: Mapping[str, Any], reduction: str, in_a: bool) -> CellChange:
-    value = cell_value(cell, reduction)
+def _unmatched(cell: ResultCell, in_a: bool) -> CellChange:
     return CellChange(
-        environment=str(cell.get("environment")),
-        workload=str(cell.get("workload")),
-        metric=str(cell.get("metric")),
-        unit=str(cell.get("unit") or ""),
-        better=_better(cell),
-        before=value if in_a else None,
-        after=None if in_a else value,
+        environment=cell.environment,
+        workload=cell.workload,
+        metric=cell.metric,
+        unit=cell.unit,
+        better=cell.direction,
+        before=cell.value if in_a else None,
+        after=None if in_a else cell.value,
         change_pct=None,
         regression_pct=None,
         p_value=None,
@@ -85,75 +67,59 @@ def _unmatched(cell: Mapping[str, Any], reduction: str, in_a: bool) -> CellChang
     )
 
 
-def _matched(a: Mapping[str, Any], b: Mapping[str, Any], red_a: str, red_b: str, alpha: float) -> CellChange:
-    before, after = cell_value(a, red_a), cell_value(b, red_b)
-    better = _better(b)
-    fields = {
-        "environment": str(b.get("environment")),
-        "workload": str(b.get("workload")),
-        "metric": str(b.get("metric")),
-        "unit": str(b.get("unit") or ""),
-        "better": better,
-        "before": before,
-        "after": after,
-    }
-    if (a.get("unit") or "") != (b.get("unit") or "") or _better(a) != better:
+def _unjudged(a: ResultCell, b: ResultCell, status: str) -> CellChange:
+    """A matched cell without a change to give: ``status`` says why."""
+    return CellChange(
+        b.environment, b.workload, b.metric, b.unit, b.direction, a.value, b.value,
+        change_pct=None, regression_pct=None, p_value=None, significant=False, status=status,
+    )  # fmt: skip
+
+
+def _matched(a: ResultCell, b: ResultCell, alpha: float) -> CellChange:
+    before, after = a.value, b.value
+    if a.unit != b.unit or a.direction != b.direction:
         # a unit or direction that changed makes any percentage meaningless
-        return CellChange(
-            **fields,
-            change_pct=None,
-            regression_pct=None,
-            p_value=None,
-            significant=False,
-            status=STATUS_INCOMPARABLE,
-        )
-    trials_a, trials_b = cell_trials(a), cell_trials(b)
+        return _unjudged(a, b, STATUS_INCOMPARABLE)
+    trials_a, trials_b = a.finite_trials, b.finite_trials
     if before is None or after is None or not trials_a or not trials_b:
-        return CellChange(
-            **fields,
-            change_pct=None,
-            regression_pct=None,
-            p_value=None,
-            significant=False,
-            status=STATUS_NOT_MEASURED,
-        )
+        return _unjudged(a, b, STATUS_NOT_MEASURED)
     test = stats.mann_whitney_u(trials_a, trials_b)
     significant = test.significant(alpha)
-    regression = stats.overhead_pct(after, before, better)
+    regression = stats.overhead_pct(after, before, b.direction)
     if not significant or not regression:
         status = STATUS_NOISE
     else:
         status = STATUS_WORSE if regression > 0 else STATUS_BETTER
     return CellChange(
-        **fields,
+        b.environment, b.workload, b.metric, b.unit, b.direction, before, after,
         change_pct=stats.change_pct(before, after),
         regression_pct=regression,
         p_value=test.p_value,
         significant=significant,
         status=status,
-    )
+    )  # fmt: skip
 
 
-def compare_results(a: Mapping[str, Any], b: Mapping[str, Any], alpha: float = 0.05) -> list[CellChange]:
+def compare_results(
+    a: Results | Mapping[str, Any], b: Results | Mapping[str, Any], alpha: float = 0.05
+) -> list[CellChange]:
     """Every cell of A and B, matched by (environment, workload, metric).
 
     Matched cells come in A's order, then the cells only B has, in B's order.
-    ``significant`` is Mann-Whitney's p < ``alpha`` on the raw trials.
+    ``significant`` is Mann-Whitney's p < ``alpha`` on the raw trials. Each side is read into the
+    results model (upgraded first), so a study written by an older virtlab compares as well.
     """
-    check_version(a)
-    check_version(b)
-    red_a, red_b = _reduction(a), _reduction(b)
-    index_a, index_b = cell_index(a), cell_index(b)
+    index_a, index_b = Results.of(a).cells_by_key, Results.of(b).cells_by_key
     changes = []
     for key, cell_a in index_a.items():
         cell_b = index_b.get(key)
         if cell_b is None:
-            changes.append(_unmatched(cell_a, red_a, in_a=True))
+            changes.append(_unmatched(cell_a, in_a=True))
         else:
-            changes.append(_matched(cell_a, cell_b, red_a, red_b, alpha))
+            changes.append(_matched(cell_a, cell_b, alpha))
     for key, cell_b in index_b.items():
         if key not in index_a:
-            changes.append(_unmatched(cell_b, red_b, in_a=False))
+            changes.append(_unmatched(cell_b, in_a=False))
     return changes
 
 

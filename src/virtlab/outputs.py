@@ -14,6 +14,7 @@ from virtlab.errors import InputError
 # matplotlib half-initialised in sys.modules, and the interrupted study could then not write
 # its reports. The study engine imports this module before the first trial.
 from virtlab.export import write_reports, write_results_csv, write_results_json
+from virtlab.results import Results
 from virtlab.store import ResultStore
 from virtlab.usage import USAGE_KEY
 
@@ -42,10 +43,11 @@ def results_from_store(store: ResultStore) -> dict[str, Any]:
 def write_outputs(out_dir: Path, store: ResultStore, reports: bool = True) -> dict[str, Any]:
     """Rewrite results.json and results.csv (and the reports); returns the results."""
     results = results_from_store(store)
-    write_results_json(results, out_dir / "results.json")
-    write_results_csv(results, out_dir / "results.csv")
+    model = Results.from_dict(results)  # read once, for every file below
+    write_results_json(model, out_dir / "results.json")
+    write_results_csv(model, out_dir / "results.csv")
     if reports:
-        write_reports(results, out_dir)
+        write_reports(model, out_dir)
     return results
 
 

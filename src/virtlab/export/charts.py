@@ -26,17 +26,9 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from virtlab.export.tables import (
-    ARROW,
-    BETTER_WORDS,
-    Row,
-    baseline_name,
-    cell_ci,
-    cell_value,
-    chart_rows,
-    format_number,
-    series_of,
-)
+from virtlab.export.tables import ARROW, BETTER_WORDS, Row, chart_rows, format_number
+from virtlab.results import Cell as ResultCell
+from virtlab.results import Results
 
 PALETTE = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#db2777", "#0891b2", "#ca8a04")
 BASELINE_COLOUR = "#6b7280"
@@ -122,7 +114,7 @@ def new_figure(width: float, height: float) -> Figure:
 
 def bar_chart(
     row: Row,
-    cells: Sequence[tuple[str, Mapping[str, Any] | None]],
+    cells: Sequence[tuple[str, ResultCell | None]],
     colours: Mapping[str, str],
     key: str,
 ) -> Chart:
@@ -136,10 +128,9 @@ def bar_chart(
         positions = range(len(cells))
         top = 0.0
         for x, (env, cell) in zip(positions, cells, strict=True):
-            value = cell_value(cell)
-            if value is None:
+            if cell is None or cell.value is None:
                 continue
-            ci = cell_ci(cell) if cell is not None else None
+            value, ci = cell.value, cell.ci95
             err = None
             if ci is not None:
                 err = [[max(0.0, value - ci[0])], [max(0.0, ci[1] - value)]]
@@ -149,11 +140,10 @@ def bar_chart(
             high = value + (err[1][0] if err else 0.0)
             top = max(top, high)
         for x, (_env, cell) in zip(positions, cells, strict=True):
-            value = cell_value(cell)
-            if value is None:
+            if cell is None or cell.value is None:
                 ax.text(x, 0, "not\nmeasured", ha="center", va="bottom", fontsize=8, color="#9ca3af")
             else:
-                ci = cell_ci(cell) if cell is not None else None
+                value, ci = cell.value, cell.ci95
                 label_y = max(value, ci[1]) if ci is not None else value
                 ax.annotate(
                     format_number(value, 4),
@@ -177,12 +167,12 @@ def bar_chart(
 
 def series_chart(
     row: Row,
-    cells: Sequence[tuple[str, Mapping[str, Any] | None]],
+    cells: Sequence[tuple[str, ResultCell | None]],
     colours: Mapping[str, str],
     key: str,
 ) -> Chart | None:
     """Throughput over time: the mean over trials per second, band = min..max of the trials."""
-    per_env = [(env, series_of(cell)) for env, cell in cells]
+    per_env = [(env, cell.series if cell is not None else ()) for env, cell in cells]
     per_env = [(env, s) for env, s in per_env if s]
     if not per_env:
         return None
@@ -214,11 +204,12 @@ def series_chart(
         return Chart(key=key, title=title, kind="series", svg=to_svg(fig, key))
 
 
-def render_charts(results: Mapping[str, Any]) -> tuple[list[Chart], list[Chart]]:
+def render_charts(results: Results | Mapping[str, Any]) -> tuple[list[Chart], list[Chart]]:
     """(bar charts, time-series charts) of every metric of ``results``."""
+    results = Results.of(results)
     rows = chart_rows(results)
     envs = [env for env, _ in rows[0][1]] if rows else []
-    colours = environment_colours(envs, baseline_name(results))
+    colours = environment_colours(envs, results.study.baseline)
     bars, series = [], []
     for i, (row, cells) in enumerate(rows, 1):
         bars.append(bar_chart(row, cells, colours, key=f"chart-{i}"))

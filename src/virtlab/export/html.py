@@ -18,10 +18,12 @@ from virtlab.export.charts import render_charts
 from virtlab.export.iocharts import render_io_charts
 from virtlab.export.tables import NOT_MEASURED_CAPTION, NOT_MEASURED_TITLE, Table, build_report, note_mark
 from virtlab.export.usage import usage_html
+from virtlab.results import Results
 
 
 @cache
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
+    """The jinja2 environment of every HTML report: autoescape on, the report's helpers as globals."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("virtlab", "templates"),
         autoescape=True,
@@ -46,16 +48,16 @@ def column_class(table: Table, column: int) -> str:
     return ""
 
 
-def render_html(results: Mapping[str, Any]) -> str:
-    """The whole report of ``results`` (format version 1) as one HTML page."""
+def render_html(results: Results | Mapping[str, Any]) -> str:
+    """The whole report of ``results`` as one HTML page."""
+    results = Results.of(results)
     report = build_report(results)
     bars, series = render_charts(results)
     charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in bars]
     lines = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in series]
     io_charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in render_io_charts(results)]
-    meta = results.get("metadata") or {}
     return (
-        _environment()
+        template_environment()
         .get_template("report.html.j2")
         .render(
             report=report,
@@ -63,8 +65,8 @@ def render_html(results: Mapping[str, Any]) -> str:
             series=lines,
             io_tables=report.io_tables,
             io_charts=io_charts,
-            usage=usage_html(results),
-            version=results.get("version"),
-            virtlab_version=meta.get("virtlab_version") or "",
+            usage=usage_html(results.document),
+            version=results.version,
+            virtlab_version=results.metadata.virtlab_version or "",
         )
     )

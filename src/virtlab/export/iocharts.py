@@ -31,16 +31,8 @@ from virtlab.export.charts import (
     tick_label,
     to_svg,
 )
-from virtlab.export.sweeps import (
-    BarGroup,
-    Curve,
-    Panel,
-    environment_order,
-    latency_bars,
-    queue_depth_curves,
-    sweep_curves,
-)
-from virtlab.export.tables import baseline_name
+from virtlab.export.sweeps import BarGroup, Curve, Panel, latency_bars, queue_depth_curves, sweep_curves
+from virtlab.results import Results
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
@@ -126,10 +118,11 @@ def _short(value: float) -> str:
     return tick_label(float(f"{value:.3g}"))
 
 
-def render_io_charts(results: Mapping[str, Any]) -> list[Chart]:
+def render_io_charts(results: Results | Mapping[str, Any]) -> list[Chart]:
     """Every sweep and latency chart the results call for, queue-depth curves first."""
-    order = environment_order(results)
-    colours = environment_colours(order, baseline_name(results))
+    results = Results.of(results)
+    order = results.environment_names
+    colours = environment_colours(order, results.study.baseline)
     drawings = [
         *((curve, curve_chart) for curve in [*queue_depth_curves(results), *sweep_curves(results)]),
         *((group, bar_group_chart) for group in latency_bars(results)),

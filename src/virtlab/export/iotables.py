@@ -1,4 +1,4 @@
-"""Seed-shaped tables of the disk, network and file-transfer workloads, from a results dict alone.
+"""Seed-shaped tables of the disk, network and file-transfer workloads, from the results model alone.
 
 Seed 000 lists nuttcp's conditions in Tables 7-8 and the disk tools' in Table 11, and shows nuttcp in
 Tables 9 (1 stream) and 10 (10 streams) as rows of directions (both ways sent, both ways received,
@@ -21,20 +21,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from virtlab import stats
-from virtlab.export.tables import (
+from virtlab.export.report_context import (
     ENV,
     Absence,
     Cell,
+    Notes,
+    ReportContext,
     Row,
     Table,
-    _Context,
-    _Notes,
-    cell_ci,
-    cell_value,
     format_value,
+    verdict_cell,
 )
+from virtlab.results import Cell as ResultCell
+from virtlab.results import Results, Workload
 
-NETWORK_KINDS = ("nuttcp", "iperf3")
+# The parameters every network workload declares (virtlab.workloads._peer.PeerParams): what makes
+# a kind a network tool here, without a list of tools.
+NETWORK_PARAMS = ("direction", "streams")
 DIRECTION_ROWS = (
     ("bidirectional", "sent_mbps", "both ways at once, sent"),
     ("bidirectional", "received_mbps", "both ways at once, received"),
@@ -76,21 +79,21 @@ class Line:
 # --------------------------------------------------------------------------
 
 
-def workloads_of(results: Mapping[str, Any], kinds: Iterable[str]) -> list[Mapping[str, Any]]:
-    """The planned workloads of these kinds, in plan order."""
-    wanted = set(kinds)
-    return [w for w in results.get("workloads") or [] if w.get("kind") in wanted]
+def network_kinds(results: Results) -> list[str]:
+    """The kinds of the network workloads, in plan order: those whose parameters say a direction and
+    a number of streams."""
+    kinds = [w.kind for w in results.workloads if all(key in w.params for key in NETWORK_PARAMS)]
+    return [kind for kind in dict.fromkeys(kinds) if kind is not None]
 
 
-def varying_params(workloads: Sequence[Mapping[str, Any]]) -> list[str]:
+def varying_params(workloads: Sequence[Workload]) -> list[str]:
     """The parameters whose values differ between ``workloads``, in the order the first names them."""
     keys: list[str] = []
     for workload in workloads:
-        for key in workload.get("params") or {}:
+        for key in workload.params:
             if key not in keys and key not in _IGNORED_PARAMS:
                 keys.append(key)
-    values = [workload.get("params") or {} for workload in workloads]
-    return [key for key in keys if len({_hashable(p.get(key)) for p in values}) > 1]
+    return [key for key in keys if len({_hashable(w.params.get(key)) for w in workloads}) > 1]
 
 
 def _hashable(value: Any) -> Any:
@@ -130,11 +133,11 @@ def param_text(key: str, value: Any) -> str:
     return _PARAM_TEXT.get(key, lambda v: f"{key} {v}")(value)
 
 
-def workload_label(workload: Mapping[str, Any], varying: Sequence[str], group_size: int) -> str:
+def workload_label(workload: Workload, varying: Sequence[str], group_size: int) -> str:
     """What tells this workload from the others of its group; its name when nothing does."""
-    params = workload.get("params") or {}
+    params = workload.params
     parts = [param_text(key, params[key]) for key in varying if _said(params.get(key))]
-    return ", ".join(parts) if parts and group_size > 1 else str(workload.get("name"))
+    return ", ".join(parts) if parts and group_size > 1 else workload.name
 
 
 def _said(value: Any) -> bool:
@@ -147,14 +150,9 @@ def _said(value: Any) -> bool:
 # --------------------------------------------------------------------------
 
 
-def _context(cell: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    context = (cell or {}).get("context")
-    return context if isinstance(context, Mapping) else {}
-
-
-def how_measured(cell: Mapping[str, Any] | None, env: str) -> str:
+def how_measured(cell: ResultCell | None, env: str) -> str:
     """A footnote saying how a figure was measured in ``env``, from its cell's context ("" for none)."""
-    context = _context(cell)
+    context = cell.context if cell is not None else {}
     facts = []
     if isinstance(context.get("fs"), str):
         facts.append(f"on {context['fs']}")
@@ -168,7 +166,7 @@ def how_measured(cell: Mapping[str, Any] | None, env: str) -> str:
 
 
 def figure_table(
-    ctx: _Context,
+    ctx: ReportContext,
     key: str,
     title: str,
     caption: str,
@@ -179,23 +177,21 @@ def figure_table(
     """Rows = ``lines``, columns = environments; a figure ± its 95% CI half-width, footnotes for how
     it was measured, and the mark of the report's reason where one is missing (``absent`` may give a
     cause of its own, :data:`ENV` where the environment's name goes)."""
-    notes = _Notes()
+    notes = Notes()
     rows = []
     for line in lines:
         row = _row(ctx, line)
         cells = [Cell(line.label, "label")]
         for env in ctx.envs:
             cell = ctx.cell(env, row)
-            value = cell_value(cell, ctx.reduction)
-            if cell is None or value is None:
+            if cell is None or cell.value is None:
                 cause = absent(env, line) if absent else None
                 why = Absence(cause, line.workload, env) if cause else ctx.why_missing(env, row)
                 cells.append(ctx.reasons.missing(why))
                 continue
-            ci = cell_ci(cell, ctx.reduction)
             facts = how_measured(cell, env)
             mark = notes.add(facts) if facts else None
-            cells.append(Cell(format_value(value, (ci[1] - ci[0]) / 2 if ci else None), "num", mark))
+            cells.append(Cell(format_value(cell.value, cell.half_width), "num", mark))
         rows.append(tuple(cells))
     return Table(
         key=key,
@@ -207,11 +203,11 @@ def figure_table(
     )
 
 
-def _row(ctx: _Context, line: Line) -> Row:
+def _row(ctx: ReportContext, line: Line) -> Row:
     cell = next((c for (_, w, m), c in ctx.cells.items() if w == line.workload and m == line.metric), None)
-    unit = str((cell or {}).get("unit") or "")
-    better = str((cell or {}).get("better") or "higher")
-    return Row(workload=line.workload, metric=line.metric, unit=unit, better=better)
+    if cell is None:
+        return Row(workload=line.workload, metric=line.metric, unit="", better="higher")
+    return Row(workload=line.workload, metric=line.metric, unit=cell.unit, better=cell.better)
 
 
 # --------------------------------------------------------------------------
@@ -219,23 +215,23 @@ def _row(ctx: _Context, line: Line) -> Row:
 # --------------------------------------------------------------------------
 
 
-def network_tables(ctx: _Context) -> list[Table]:
+def network_tables(ctx: ReportContext) -> list[Table]:
     """Seed 000 Tables 9 and 10: one table per tool and stream count, rows the directions."""
     tables = []
-    for kind in NETWORK_KINDS:
-        pairs = [w for w in workloads_of(ctx.results, [kind]) if not _group_of(w)]
-        for streams in sorted({(w.get("params") or {}).get("streams", 1) for w in pairs}):
-            group = [w for w in pairs if (w.get("params") or {}).get("streams", 1) == streams]
+    for kind in network_kinds(ctx.results):
+        pairs = [w for w in ctx.results.workloads_of(kind) if not _group_of(w)]
+        for streams in sorted({w.params.get("streams", 1) for w in pairs}):
+            group = [w for w in pairs if w.params.get("streams", 1) == streams]
             varying = [k for k in varying_params(group) if k not in ("direction", "streams")]
             lines = []
             for direction, metric, words in DIRECTION_ROWS:
                 for workload in sorted(
-                    (w for w in group if (w.get("params") or {}).get("direction", "send") == direction),
+                    (w for w in group if w.params.get("direction", "send") == direction),
                     key=lambda w: _sort_key(w, varying),
                 ):
                     extra = workload_label(workload, varying, len(group)) if varying else ""
                     label = f"{words}, {extra}" if extra else words
-                    lines.append(Line(label, str(workload.get("name")), metric))
+                    lines.append(Line(label, workload.name, metric))
             if not lines:
                 continue
             seed = {1: " (seed 000 Table 9)", 10: " (seed 000 Table 10)"}.get(streams, "")
@@ -254,12 +250,12 @@ def network_tables(ctx: _Context) -> list[Table]:
     return tables
 
 
-def aggregate_table(ctx: _Context) -> Table | None:
+def aggregate_table(ctx: ReportContext) -> Table | None:
     """Seed 001's N VMs sending into one at once (and one into N): the sum, per receiving cell."""
-    group = [w for w in workloads_of(ctx.results, NETWORK_KINDS) if _group_of(w)]
+    group = [w for w in ctx.results.workloads_of(*network_kinds(ctx.results)) if _group_of(w)]
     lines = []
     for workload in group:
-        params = workload.get("params") or {}
+        params = workload.params
         names = ", ".join(_group_of(workload))
         count = len(_group_of(workload))
         what = (
@@ -267,10 +263,10 @@ def aggregate_table(ctx: _Context) -> Table | None:
             if params.get("senders")
             else f"it into {count} receivers ({names})"
         )
-        lines.append(Line(f"{workload.get('kind')}: {what}", str(workload.get("name")), "throughput_mbps"))
+        lines.append(Line(f"{workload.kind}: {what}", workload.name, "throughput_mbps"))
     if not lines:
         return None
-    by_name = {str(w.get("name")): w for w in group}
+    by_name = {w.name: w for w in group}
 
     def absent(env: str, line: Line) -> str | None:
         if env in _group_of(by_name[line.workload]):
@@ -288,12 +284,12 @@ def aggregate_table(ctx: _Context) -> Table | None:
     )
 
 
-def _group_of(workload: Mapping[str, Any]) -> list[str]:
-    params = workload.get("params") or {}
+def _group_of(workload: Workload) -> list[str]:
+    params = workload.params
     return [str(n) for n in (params.get("senders") or params.get("receivers") or [])]
 
 
-def disk_tables(ctx: _Context) -> list[Table]:
+def disk_tables(ctx: ReportContext) -> list[Table]:
     """Seed 000 Tables 12 (dd), 13 (hdparm) and 14 (IOR)."""
     titles = {
         "dd": ("dd, MB/s (seed 000 Table 12; seed 003 Figure 1)", "file"),
@@ -320,19 +316,19 @@ def disk_tables(ctx: _Context) -> list[Table]:
     return tables
 
 
-def _kind_lines(ctx: _Context, kind: str, metrics: Sequence[tuple[str, str]]) -> list[Line]:
-    group = workloads_of(ctx.results, [kind])
+def _kind_lines(ctx: ReportContext, kind: str, metrics: Sequence[tuple[str, str]]) -> list[Line]:
+    group = ctx.results.workloads_of(kind)
     varying = varying_params(group)
     lines = []
     for workload in sorted(group, key=lambda w: _sort_key(w, varying)):
         label = workload_label(workload, varying, len(group))
-        for metric, words in _measured(ctx, str(workload["name"]), metrics):
+        for metric, words in _measured(ctx, workload.name, metrics):
             text = f"{label} \u00b7 {words}" if len(group) > 1 else words
-            lines.append(Line(text, str(workload["name"]), metric))
+            lines.append(Line(text, workload.name, metric))
     return lines
 
 
-def _measured(ctx: _Context, workload: str, metrics: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def _measured(ctx: ReportContext, workload: str, metrics: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The metrics a workload's parameters made it measure (dd in mode "write" gives no read): those
     it has figures of; all of them when it has none anywhere, so that a failed row still says why."""
     produced = {m for (_, w, m) in ctx.cells if w == workload}
@@ -344,33 +340,32 @@ def _measured(ctx: _Context, workload: str, metrics: Sequence[tuple[str, str]]) 
 # --------------------------------------------------------------------------
 
 
-def params_text(workload: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
+def params_text(workload: Workload, skip: Iterable[str] = ()) -> str:
     """A workload's parameters as the seed lists them next to a tool ("1024 MiB, mode write")."""
-    params = workload.get("params") or {}
     left_out = {*_IGNORED_PARAMS, *skip}
-    return ", ".join(param_text(k, v) for k, v in params.items() if k not in left_out and _said(v))
+    return ", ".join(param_text(k, v) for k, v in workload.params.items() if k not in left_out and _said(v))
 
 
 def _text_row(*texts: str) -> tuple[Cell, ...]:
     return tuple(Cell(text, "label") for text in texts)
 
 
-def network_conditions_tables(ctx: _Context) -> list[Table]:
+def network_conditions_tables(ctx: ReportContext) -> list[Table]:
     """Seed 000 Tables 7 and 8: per tool, one row per 1 <-> 1 workload: its stream count, direction
     and the rest of its parameters, and the environment that serves it."""
     tables = []
-    for kind in NETWORK_KINDS:
-        pairs = [w for w in workloads_of(ctx.results, [kind]) if not _group_of(w)]
+    for kind in network_kinds(ctx.results):
+        pairs = [w for w in ctx.results.workloads_of(kind) if not _group_of(w)]
         if not pairs:
             continue
         rows = []
         for workload in pairs:
-            params = workload.get("params") or {}
+            params = workload.params
             direction = params.get("direction", "send")
             way = "both ways at once" if direction == "bidirectional" else param_text("direction", direction)
             rows.append(
                 _text_row(
-                    str(workload.get("name")),
+                    workload.name,
                     str(params.get("streams", 1)),
                     way,
                     str(params.get("peer") or ctx.baseline),
@@ -391,12 +386,12 @@ def network_conditions_tables(ctx: _Context) -> list[Table]:
     return tables
 
 
-def disk_methods_table(ctx: _Context) -> Table | None:
+def disk_methods_table(ctx: ReportContext) -> Table | None:
     """Seed 000 Table 11: each disk workload, what it measures and with which parameters."""
     rows = []
     for kind, metrics in DISK_RATES.items():
-        for workload in workloads_of(ctx.results, [kind]):
-            name = str(workload.get("name"))
+        for workload in ctx.results.workloads_of(kind):
+            name = workload.name
             measures = ", ".join(words for _, words in _measured(ctx, name, metrics))
             rows.append(_text_row(name, _kind_word(ctx, name), measures, params_text(workload)))
     if not rows:
@@ -411,7 +406,7 @@ def disk_methods_table(ctx: _Context) -> Table | None:
     )
 
 
-def disk_verdict_table(ctx: _Context) -> Table | None:
+def disk_verdict_table(ctx: ReportContext) -> Table | None:
     """Seed 000 Table 15: ○ within the threshold of the baseline's disk figure, × otherwise."""
     if not ctx.others:
         return None
@@ -423,12 +418,13 @@ def disk_verdict_table(ctx: _Context) -> Table | None:
     for line in lines:
         cells = [Cell(line.label, "label")]
         for env in ctx.others:
-            overhead = ctx.overhead(env, _row(ctx, line))
+            row = _row(ctx, line)
+            overhead = ctx.overhead(env, row)
             if isinstance(overhead, Absence):
                 cells.append(ctx.reasons.missing(overhead))
                 continue
-            mark = stats.verdict(overhead, ctx.threshold)
-            cells.append(Cell(mark or "", "ok" if mark == stats.MARK_OK else "bad"))
+            cell = ctx.cell(env, row)
+            cells.append(verdict_cell(cell.verdict if cell is not None else None))
         rows.append(tuple(cells))
     pct = f"{ctx.threshold:g}"
     return Table(
@@ -441,12 +437,12 @@ def disk_verdict_table(ctx: _Context) -> Table | None:
     )
 
 
-def _kind_word(ctx: _Context, workload: str) -> str:
-    kind = next((w.get("kind") for w in ctx.results.get("workloads") or [] if w.get("name") == workload), "")
+def _kind_word(ctx: ReportContext, workload: str) -> str:
+    kind = next((w.kind for w in ctx.results.workloads if w.name == workload), "")
     return {"dd": "dd", "hdparm": "hdparm", "ior": "IOR"}.get(str(kind), str(kind))
 
 
-def latency_table(ctx: _Context) -> Table | None:
+def latency_table(ctx: ReportContext) -> Table | None:
     """Seed 003 Table 1: fio's large-block read latency, mean and maximum, per environment; one pair of
     rows per storage (workloads differing in ``directory`` or any other parameter)."""
     lines = _kind_lines(ctx, "fio_latency", LATENCY_ROWS)
@@ -464,10 +460,10 @@ def latency_table(ctx: _Context) -> Table | None:
     )
 
 
-def transfer_tables(ctx: _Context) -> list[Table]:
+def transfer_tables(ctx: ReportContext) -> list[Table]:
     """Seed 000 Table 16: scp per cipher; generically, a row per workload of the kind (labelled by
     the parameter that differs between them, the cipher) and metric."""
-    group = workloads_of(ctx.results, ["scp"])
+    group = ctx.results.workloads_of("scp")
     varying = varying_params(group)
     if not group:
         return []
@@ -475,7 +471,7 @@ def transfer_tables(ctx: _Context) -> list[Table]:
     # 50%: a dash with the reason, not a missing row); any other figure follows.
     metrics: list[tuple[str, str]] = list(TRANSFER_WORDS.items())
     for (_, workload, metric), _cell in ctx.cells.items():
-        if any(w.get("name") == workload for w in group) and metric not in [m for m, _ in metrics]:
+        if any(w.name == workload for w in group) and metric not in [m for m, _ in metrics]:
             metrics.append((metric, TRANSFER_WORDS.get(metric, metric)))
     lines = []
     for workload in sorted(group, key=lambda w: _sort_key(w, varying)):
@@ -483,11 +479,11 @@ def transfer_tables(ctx: _Context) -> list[Table]:
         # Without any figure (every trial failed) a row still says why.
         for metric, words in metrics:
             text = f"{label} \u00b7 {words}"
-            lines.append(Line(text, str(workload["name"]), metric))
+            lines.append(Line(text, workload.name, metric))
     if not lines:
         return []
-    names = {str(w.get("name")) for w in group}
-    unit = next((c.get("unit") for (_, w, _m), c in ctx.cells.items() if w in names), "")
+    names = {w.name for w in group}
+    unit = next((c.unit for (_, w, _m), c in ctx.cells.items() if w in names), "")
     return [
         figure_table(
             ctx,
@@ -503,20 +499,20 @@ def transfer_tables(ctx: _Context) -> list[Table]:
     ]
 
 
-def _no_half_rate(ctx: _Context, env: str, line: Line) -> str | None:
+def _no_half_rate(ctx: ReportContext, env: str, line: Line) -> str | None:
     """Why scp's rate at 50% is missing where the transfer itself was measured: what the workload
     said in the overall figure's metadata (a copy over before the meter's first redraw)."""
     if line.metric != "at_50pct_mbs":
         return None
-    overall = ctx.cells.get((env, line.workload, "overall_mbs")) or {}
-    reason = (overall.get("context") or {}).get("at_50pct_missing")
+    overall = ctx.cells.get((env, line.workload, "overall_mbs"))
+    reason = overall.context.get("at_50pct_missing") if overall is not None else None
     return f"no rate at 50% in {ENV}: {reason}" if reason else None
 
 
-def _sort_key(workload: Mapping[str, Any], varying: Sequence[str]) -> tuple:
+def _sort_key(workload: Workload, varying: Sequence[str]) -> tuple:
     """Unset first (the default peer), then numbers in their order (64 B before 1 KiB), then the rest
     in plan order (the sort is stable)."""
-    params = workload.get("params") or {}
+    params = workload.params
     return tuple(
         (1, params[key], "")
         if isinstance(params.get(key), int | float)
@@ -527,18 +523,18 @@ def _sort_key(workload: Mapping[str, Any], varying: Sequence[str]) -> tuple:
     )
 
 
-def _reduction(ctx: _Context) -> str:
-    trials = ctx.study.get("trials")
+def _reduction(ctx: ReportContext) -> str:
+    trials = ctx.study.trials
     of = f" of {trials} trial{'s' if trials != 1 else ''}" if trials else ""
     return f"Each figure: {ctx.reduction}{of} \u00b1 half-width of the 95% confidence interval of the mean."
 
 
-def io_tables(results: Mapping[str, Any]) -> list[Table]:
+def io_tables(results: Results | Mapping[str, Any]) -> list[Table]:
     """Every seed-shaped table the study's workloads call for, in the seeds' order; none without them."""
-    return io_tables_of(_Context(results))
+    return io_tables_of(ReportContext(Results.of(results)))
 
 
-def io_tables_of(ctx: _Context) -> list[Table]:
+def io_tables_of(ctx: ReportContext) -> list[Table]:
     """:func:`io_tables` with the report's context, whose reasons they share with its other tables."""
     tables: list[Table] = [*network_conditions_tables(ctx), *network_tables(ctx)]
     tables += [t for t in (aggregate_table(ctx),) if t is not None]

@@ -11,10 +11,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from virtlab.export.markdown_table import escape, render_table
 from virtlab.export.tables import (
     NOT_MEASURED_CAPTION,
     NOT_MEASURED_TITLE,
-    Cell,
     Failure,
     Reason,
     Table,
@@ -22,68 +22,15 @@ from virtlab.export.tables import (
     note_mark,
 )
 from virtlab.export.usage import usage_markdown
+from virtlab.results import Results
 
-_ALWAYS = re.compile(r"([\\`*\[\]<>|~&])")
-_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+__all__ = ["escape", "failure_section", "not_measured", "render_markdown", "render_table", "table_section"]
+
 _BACKTICKS = re.compile(r"`+")
 
 
-def escape(text: str) -> str:
-    """``text`` as literal inline Markdown: one line, no markup, safe in a table cell.
-
-    Underscores inside words (``elapsed_s``) are left alone: GFM never reads them
-    as emphasis, and escaping them would clutter every metric name.
-    """
-    text = " ".join(str(text).split())
-    text = _ALWAYS.sub(r"\\\1", text)
-    return _EDGE_UNDERSCORE.sub(r"\\_", text)
-
-
-def _cell(cell: Cell) -> str:
-    text = escape(cell.text)
-    if cell.dropped and text:
-        text = f"~~{text}~~"
-    if cell.outlier:
-        text += "\u2020"
-    if cell.note is not None:
-        text += note_mark(cell.note)
-    if cell.reason is not None:
-        text += f" ({cell.reason})"
-    return text
-
-
-def _align(table: Table, column: int) -> str:
-    cells = [row[column] for row in table.rows if row[column].text]
-    kinds = [c.kind for c in cells]
-    if cells and all(c.kind in ("ok", "bad", "missing") and len(c.text) == 1 for c in cells):
-        return ":-:"
-    if kinds and all(k in ("num", "missing") for k in kinds):
-        return "--:"
-    return ":--"
-
-
-def render_table(table: Table) -> str:
-    """A pipe table padded to its column widths, so the source reads as well as the rendering."""
-    header = [escape(h) for h in table.header]
-    body = [[_cell(c) for c in row] for row in table.rows]
-    aligns = [_align(table, i) for i in range(len(header))]
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    widths = [max(w, 3) for w in widths]
-
-    def line(cells: list[str]) -> str:
-        padded = [
-            c.rjust(w) if a == "--:" else c.ljust(w) for c, w, a in zip(cells, widths, aligns, strict=True)
-        ]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = [
-        a[0] + "-" * (w - 2) + a[-1] if a != ":--" else ":" + "-" * (w - 1)
-        for a, w in zip(aligns, widths, strict=True)
-    ]
-    return "\n".join([line(header), line(rule), *(line(r) for r in body)])
-
-
-def _section(table: Table, *extra: str) -> list[str]:
+def table_section(table: Table, *extra: str) -> list[str]:
+    """A table under its own heading, its caption, footnotes and ``extra`` paragraphs."""
     parts = [f"## {escape(table.title)}"]
     if table.caption:
         parts.append(escape(table.caption))
@@ -99,7 +46,8 @@ def _fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def _failure(failure: Failure) -> list[str]:
+def failure_section(failure: Failure) -> list[str]:
+    """A failure under its own heading: its error, or the reason that says it, and its log."""
     parts = [f"### {escape(failure.title)}"]
     if failure.reason:
         parts.append(f"**not measured:** reason ({failure.reason}) of {NOT_MEASURED_TITLE}")
@@ -123,23 +71,24 @@ def not_measured(reasons: Sequence[Reason]) -> list[str]:
     return [f"## {NOT_MEASURED_TITLE}", escape(NOT_MEASURED_CAPTION), "\n".join(items)]
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    """The whole report of ``results`` (format version 1) as Markdown."""
+def render_markdown(results: Results | Mapping[str, Any]) -> str:
+    """The whole report of ``results`` as Markdown."""
+    results = Results.of(results)
     report = build_report(results)
     parts = [f"# {escape(report.title)}", escape(report.study_line)]
-    parts += _section(report.results, escape(report.legend))
+    parts += table_section(report.results, escape(report.legend))
     parts += not_measured(report.not_measured)
-    parts += _section(report.overhead)
-    parts += _section(report.verdict)
+    parts += table_section(report.overhead)
+    parts += table_section(report.verdict)
     for table in report.io_tables:  # disk, network, file transfer; their charts are in the HTML
-        parts += _section(table)
-    parts += usage_markdown(results)  # [study] cpu_sample_interval_s: CPU usage over time
-    parts += _section(report.trials, escape(report.trials_legend))
+        parts += table_section(table)
+    parts += usage_markdown(results.document)  # [study] cpu_sample_interval_s: CPU usage over time
+    parts += table_section(report.trials, escape(report.trials_legend))
     if report.failures:
         parts.append("## Failures")
         for failure in report.failures:
-            parts += _failure(failure)
-    parts += _section(report.environments)
-    parts += _section(report.differences)
-    parts += _section(report.metadata)
+            parts += failure_section(failure)
+    parts += table_section(report.environments)
+    parts += table_section(report.differences)
+    parts += table_section(report.metadata)
     return "\n\n".join(parts) + "\n"

@@ -19,10 +19,10 @@ from typing import Any
 from markupsafe import Markup
 
 from virtlab.export.charts import Chart
-from virtlab.export.html import _environment
-from virtlab.export.markdown import _failure, _section, escape, not_measured
+from virtlab.export.html import template_environment
+from virtlab.export.markdown import escape, failure_section, not_measured, table_section
 from virtlab.export.tables import MISSING, Cell, Report, Table, build_report, format_value
-from virtlab.export.tabular import _write_atomic
+from virtlab.export.tabular import write_atomic
 
 
 @dataclass(frozen=True)
@@ -92,25 +92,25 @@ def render_markdown(report: ScenarioReport) -> str:
         parts.append("## Notes")
         parts.append("\n".join(f"- {escape(note)}" for note in report.notes))
     for table in report.before_figures:
-        parts += _section(table)
+        parts += table_section(table)
     if report.figures or report.figures_caption:
         parts.append(f"## {escape(report.figures_title)}")
         names = "; ".join(chart.title for chart in report.figures)
         lead = f"{report.figures_caption} " if report.figures_caption else ""
         parts.append(escape(f"{lead}Drawn in report.html: {names or report.figures_missing}"))
     for table in report.after_figures:
-        parts += _section(table)
+        parts += table_section(table)
     base = report.base
     if report.shows_reasons:
         parts += not_measured(base.not_measured)
     if report.show_trials:
-        parts += _section(base.trials)
+        parts += table_section(base.trials)
     if base.failures:
         parts.append("## Failures")
         for failure in base.failures:
-            parts += _failure(failure)
+            parts += failure_section(failure)
     for table in (base.environments, base.metadata):
-        parts += _section(table)
+        parts += table_section(table)
     return "\n\n".join(parts) + "\n"
 
 
@@ -119,7 +119,7 @@ def render_html(report: ScenarioReport, results: Mapping[str, Any]) -> str:
     figures' SVG, which our own code draws."""
     meta = results.get("metadata") or {}
     return (
-        _environment()
+        template_environment()
         .get_template("scenario.html.j2")
         .render(
             r=report,
@@ -135,7 +135,7 @@ def write_reports(report: ScenarioReport, results: Mapping[str, Any], out_dir: P
     """report.md and report.html in ``out_dir``, each written whole or not at all."""
     paths = [Path(out_dir) / "report.md", Path(out_dir) / "report.html"]
     for path, text in zip(paths, (render_markdown(report), render_html(report, results)), strict=True):
-        _write_atomic(path, text)
+        write_atomic(path, text)
     return paths
 
 

@@ -1,8 +1,8 @@
-"""Which curves and bar groups a study's results hold: pure, from results.json alone.
+"""Which curves and bar groups a study's results hold: pure, from the results model alone.
 
-- Queue-depth curves: a fio workload runs its pattern at several queue depths (``iodepths``); its
-  metrics ``<pattern>_qd<N>[_read|_write]_mbs`` give MB/s against the depth, one line per
-  environment (seed 001's Iometer charts).
+- Queue-depth curves: a fio workload runs its pattern at several queue depths (``iodepths``); the
+  cells whose sweep point (:class:`virtlab.results.SweepPoint`) measures ``mbs`` give MB/s against
+  the depth, one line per environment (seed 001's Iometer charts).
 - Parameter sweeps: workloads of one kind that differ in exactly one numeric parameter, with at
   least ``MIN_POINTS`` values of it, are a sweep: dd's ``size_mb`` (seed 003 Figure 1), iperf3's and
   nuttcp's ``message_bytes`` (seed 001's netperf block sizes), or any other. Each metric they share
@@ -15,13 +15,13 @@ Nothing here knows a plan: a chart appears when the results hold what it draws.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from virtlab.export.iotables import param_text, varying_params, workloads_of
-from virtlab.export.tables import cell_value, environment_names
+from virtlab.export.iotables import param_text, varying_params
+from virtlab.results import ENVIRONMENT_KIND, Results, Workload
+from virtlab.results.sweep import FIO_KIND
 
 MIN_POINTS = 3
 """Fewer values than this are two bars, not a curve."""
@@ -77,29 +77,35 @@ class BarGroup:
     panels: list[Panel]
 
 
-def _reduction(results: Mapping[str, Any]) -> str:
-    return str((results.get("study") or {}).get("reduction") or "trimmed-mean")
-
-
 def _values(
-    results: Mapping[str, Any], workload: str, metrics: Sequence[str]
+    results: Results, workload: str, metrics: Sequence[str | None]
 ) -> tuple[dict[str, list[float | None]], str]:
     """Per environment the reduced figure of each metric (None where there is none), and the unit."""
-    by_key = {
-        (str(c.get("environment")), str(c.get("workload")), str(c.get("metric"))): c
-        for c in results.get("cells") or []
-    }
-    reduction = _reduction(results)
+    by_key = results.cells_by_key
     unit = ""
     lines: dict[str, list[float | None]] = {}
-    for env in environment_names(results):
-        row = []
+    for env in results.environment_names:
+        row: list[float | None] = []
         for metric in metrics:
-            cell = by_key.get((env, workload, metric))
-            row.append(cell_value(cell, reduction))
-            unit = unit or str((cell or {}).get("unit") or "")
+            cell = by_key.get((env, workload, metric)) if metric is not None else None
+            row.append(cell.value if cell is not None else None)
+            unit = unit or (cell.unit if cell is not None else "")
         if any(v is not None for v in row):
             lines[env] = row
+    return lines, unit
+
+
+def _panel_lines(
+    results: Results, categories: Sequence[str], metric: str
+) -> tuple[dict[str, list[float | None]], str]:
+    """Per environment, the figure of ``metric`` in each workload of ``categories``, and the unit."""
+    lines: dict[str, list[float | None]] = {}
+    unit = ""
+    for index, name in enumerate(categories):
+        values, unit_here = _values(results, name, [metric])
+        unit = unit or unit_here
+        for env, (value,) in values.items():
+            lines.setdefault(env, [None] * len(categories))[index] = value
     return lines, unit
 
 
@@ -111,39 +117,64 @@ def _log_axis(xs: Sequence[float]) -> bool:
 # fio: throughput against the queue depth
 # --------------------------------------------------------------------------
 
-
-def fio_passes(results: Mapping[str, Any], workload: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(metric suffix, words) of the passes a fio workload measured: its mixed I/O, or a write pass
-    and a read pass (sequential)."""
-    pattern = (workload.get("params") or {}).get("pattern")
-    name = workload.get("name")
-    metrics = {str(c.get("metric")) for c in results.get("cells") or [] if c.get("workload") == name}
-    shape = re.compile(rf"^{re.escape(str(pattern))}_qd\d+(_read|_write)?_mbs$")
-    found = {match.group(1) or "" for match in map(shape.match, metrics) if match}
-    if "" in found:
-        return [("", "read + write")]
-    return [(suffix, suffix.strip("_") + " pass") for suffix in ("_write", "_read") if suffix in found]
+_PASS_WORDS = {"mixed": "read + write", "write": "write pass", "read": "read pass"}
 
 
-def queue_depth_curves(results: Mapping[str, Any]) -> list[Curve]:
+def fio_points(results: Results, workload: Workload) -> dict[tuple[str, int, str], str]:
+    """(direction, queue depth, measure) -> metric of the cells of a fio workload."""
+    return {
+        (c.sweep.direction, c.sweep.iodepth, c.sweep.measure): c.metric
+        for c in results.cells
+        if c.workload == workload.name and c.sweep is not None
+    }
+
+
+def fio_passes(points: Mapping[tuple[str, int, str], str]) -> list[tuple[str, str]]:
+    """(direction, words) of the passes a fio workload measured: its mixed I/O, or a write pass and a
+    read pass (sequential)."""
+    found = {direction for direction, _, measure in points if measure == "mbs"}
+    if "mixed" in found:
+        return [("mixed", _PASS_WORDS["mixed"])]
+    return [(direction, _PASS_WORDS[direction]) for direction in ("write", "read") if direction in found]
+
+
+def _depth_panel(
+    results: Results,
+    workload: Workload,
+    depths: Sequence[int],
+    points: Mapping[tuple[str, int, str], str],
+    what: tuple[str, str],
+    title: str,
+) -> list[Panel]:
+    """A panel of one (direction, measure) of a fio workload at each of ``depths``; none without any
+    figure."""
+    direction, measure = what
+    metrics = [points.get((direction, depth, measure)) for depth in depths]
+    lines, unit = _values(results, workload.name, metrics)
+    return [Panel(title, unit, lines)] if lines else []
+
+
+def queue_depth_curves(results: Results | Mapping[str, Any]) -> list[Curve]:
+    results = Results.of(results)
     curves = []
-    for workload in workloads_of(results, ["fio"]):
-        params = workload.get("params") or {}
-        pattern, depths = params.get("pattern"), sorted(params.get("iodepths") or [])
-        passes = fio_passes(results, workload)
+    for workload in results.workloads_of(FIO_KIND):
+        pattern, depths = workload.params.get("pattern"), sorted(workload.params.get("iodepths") or [])
+        points = fio_points(results, workload)
+        passes = fio_passes(points)
         if len(depths) < 2 or not passes:
             continue
-        panels = []
-        for suffix, words in passes:
-            metrics = [f"{pattern}_qd{depth}{suffix}_mbs" for depth in depths]
-            lines, unit = _values(results, str(workload["name"]), metrics)
-            if lines:
-                panels.append(Panel(f"{pattern}, {words}", unit, lines))
+        panels = [
+            panel
+            for direction, words in passes
+            for panel in _depth_panel(
+                results, workload, depths, points, (direction, "mbs"), f"{pattern}, {words}"
+            )
+        ]
         if panels:
             curves.append(
                 Curve(
-                    key=f"qd-{workload['name']}",
-                    title=f"{workload['name']}: fio {pattern}, throughput vs queue depth",
+                    key=f"qd-{workload.name}",
+                    title=f"{workload.name}: fio {pattern}, throughput vs queue depth",
                     x_label="queue depth (I/Os in flight)",
                     xs=[float(d) for d in depths],
                     panels=panels,
@@ -163,56 +194,47 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def sweeps(results: Mapping[str, Any]) -> list[tuple[str, list[Mapping[str, Any]]]]:
+def sweeps(results: Results | Mapping[str, Any]) -> list[tuple[str, list[Workload]]]:
     """(parameter, workloads in its order) for every group of one kind's workloads that differ in
     that one numeric parameter only, with at least MIN_POINTS values of it."""
+    results = Results.of(results)
     found = []
-    kinds = []
-    for workload in results.get("workloads") or []:
-        if workload.get("kind") not in kinds and workload.get("kind") != "environment":
-            kinds.append(workload.get("kind"))
+    kinds = dict.fromkeys(w.kind for w in results.workloads if w.kind != ENVIRONMENT_KIND)
     for kind in kinds:
-        members = workloads_of(results, [kind])
-        keys = {key for w in members for key, v in (w.get("params") or {}).items() if _is_number(v)}
+        members = results.workloads_of(kind)
+        keys = {key for w in members for key, v in w.params.items() if _is_number(v)}
         for key in sorted(keys):
-            groups: dict[Any, list[Mapping[str, Any]]] = {}
+            groups: dict[Any, list[Workload]] = {}
             for workload in members:
-                params = workload.get("params") or {}
-                if not _is_number(params.get(key)):
+                if not _is_number(workload.params.get(key)):
                     continue
-                rest = tuple(sorted((k, repr(v)) for k, v in params.items() if k not in (key, "timeout_s")))
+                rest = tuple(
+                    sorted((k, repr(v)) for k, v in workload.params.items() if k not in (key, "timeout_s"))
+                )
                 groups.setdefault(rest, []).append(workload)
             for group in groups.values():
-                values = [w["params"][key] for w in group]
+                values = [w.params[key] for w in group]
                 if len(set(values)) >= MIN_POINTS and len(set(values)) == len(values):
-                    found.append((key, sorted(group, key=lambda w: w["params"][key])))
+                    found.append((key, sorted(group, key=lambda w: w.params[key])))
     return found
 
 
-def _shared_metrics(results: Mapping[str, Any], names: set[str]) -> list[str]:
-    metrics: list[str] = []
-    for cell in results.get("cells") or []:
-        if cell.get("workload") in names and str(cell.get("metric")) not in metrics:
-            metrics.append(str(cell.get("metric")))
+def _shared_metrics(results: Results, names: set[str]) -> list[str]:
+    metrics = list(dict.fromkeys(c.metric for c in results.cells if c.workload in names))
     preferred = [m for m in _PREFERRED if m in metrics]
     return (preferred or metrics)[:MAX_PANELS]
 
 
-def sweep_curves(results: Mapping[str, Any]) -> list[Curve]:
+def sweep_curves(results: Results | Mapping[str, Any]) -> list[Curve]:
+    results = Results.of(results)
     curves = []
     for key, group in sweeps(results):
-        kind = str(group[0].get("kind"))
-        xs = [float(w["params"][key]) for w in group]
-        names = [str(w["name"]) for w in group]
+        kind = str(group[0].kind)
+        xs = [float(w.params[key]) for w in group]
+        names = [w.name for w in group]
         panels = []
         for metric in _shared_metrics(results, set(names)):
-            lines: dict[str, list[float | None]] = {}
-            unit = ""
-            for index, name in enumerate(names):
-                values, unit_here = _values(results, name, [metric])
-                unit = unit or unit_here
-                for env, (value,) in values.items():
-                    lines.setdefault(env, [None] * len(names))[index] = value
+            lines, unit = _panel_lines(results, names, metric)
             if lines:
                 panels.append(Panel(METRIC_WORDS.get(metric, metric), unit, lines))
         if not panels:
@@ -227,7 +249,7 @@ def sweep_curves(results: Mapping[str, Any]) -> list[Curve]:
                 xs=xs,
                 panels=panels,
                 log_x=_log_axis(xs),
-                x_ticks=[param_text(key, w["params"][key]) for w in group],
+                x_ticks=[param_text(key, w.params[key]) for w in group],
             )
         )
     return curves
@@ -237,11 +259,11 @@ def _measure_word(panels: Sequence[Panel]) -> str:
     return "throughput" if all(panel.unit in RATE_UNITS for panel in panels) else "figures"
 
 
-def _fixed_words(workload: Mapping[str, Any], key: str, results: Mapping[str, Any]) -> str:
+def _fixed_words(workload: Workload, key: str, results: Results) -> str:
     """The parameters that set a sweep apart from the other workloads of its kind (send vs receive)."""
-    others = workloads_of(results, [workload.get("kind")])
+    others = results.workloads_of(workload.kind)
     differing = [k for k in varying_params(others) if k != key]
-    params = workload.get("params") or {}
+    params = workload.params
     words = [param_text(k, params[k]) for k in differing if params.get(k) not in (None, [], ())]
     return f" ({', '.join(words)})" if words else ""
 
@@ -251,46 +273,38 @@ def _fixed_words(workload: Mapping[str, Any], key: str, results: Mapping[str, An
 # --------------------------------------------------------------------------
 
 
-def latency_bars(results: Mapping[str, Any]) -> list[BarGroup]:
+def latency_bars(results: Results | Mapping[str, Any]) -> list[BarGroup]:
+    results = Results.of(results)
     groups = []
-    fio_latency = workloads_of(results, ["fio_latency"])
+    fio_latency = results.workloads_of("fio_latency")
     if fio_latency:
-        categories = [str(w["name"]) for w in fio_latency]
+        categories = [w.name for w in fio_latency]
         panels = []
         for metric, words in (("lat_mean_ms", "mean latency"), ("lat_max_ms", "maximum latency")):
-            lines: dict[str, list[float | None]] = {}
-            unit = ""
-            for index, name in enumerate(categories):
-                values, unit_here = _values(results, name, [metric])
-                unit = unit or unit_here
-                for env, (value,) in values.items():
-                    lines.setdefault(env, [None] * len(categories))[index] = value
+            lines, unit = _panel_lines(results, categories, metric)
             if lines:
                 panels.append(Panel(words, unit, lines))
         if panels:
             title = "Large-block read latency (seed 003 Table 1)"
             groups.append(BarGroup("lat-fio-latency", title, categories, panels))
-    for workload in workloads_of(results, ["fio"]):
-        params = workload.get("params") or {}
-        pattern, depths = params.get("pattern"), sorted(params.get("iodepths") or [])
-        panels = []
-        for suffix, words in fio_passes(results, workload):
-            for measure, measure_words in (("lat_mean_us", "mean"), ("lat_p99_us", "p99")):
-                metrics = [f"{pattern}_qd{depth}{suffix}_{measure}" for depth in depths]
-                lines, unit = _values(results, str(workload["name"]), metrics)
-                if lines:
-                    panels.append(Panel(f"{measure_words} latency, {words}", unit, lines))
+    for workload in results.workloads_of(FIO_KIND):
+        pattern, depths = workload.params.get("pattern"), sorted(workload.params.get("iodepths") or [])
+        points = fio_points(results, workload)
+        panels = [
+            panel
+            for direction, words in fio_passes(points)
+            for measure, measure_words in (("lat_mean_us", "mean"), ("lat_p99_us", "p99"))
+            for panel in _depth_panel(
+                results, workload, depths, points, (direction, measure), f"{measure_words} latency, {words}"
+            )
+        ]
         if panels:
             groups.append(
                 BarGroup(
-                    f"lat-{workload['name']}",
-                    f"{workload['name']}: fio {pattern}, latency per queue depth",
+                    f"lat-{workload.name}",
+                    f"{workload.name}: fio {pattern}, latency per queue depth",
                     [f"QD {d}" for d in depths],
                     panels,
                 )
             )
     return groups
-
-
-def environment_order(results: Mapping[str, Any]) -> list[str]:
-    return environment_names(results)

@@ -1,5 +1,5 @@
-"""Machine-readable exports: ``results.json`` (the whole results dict) and ``results.csv``
-(one row per raw trial, for spreadsheets and pandas).
+"""Machine-readable exports: ``results.json`` (the results document as analysis built it) and
+``results.csv`` (one row per raw trial, for spreadsheets and pandas).
 
 Both are written to a temporary file and renamed into place, so a crash while
 writing never leaves a half file where a complete one was.
@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from virtlab.export.tables import cell_kept, check_version
+from virtlab.results import Results
 
 CSV_COLUMNS = ("environment", "workload", "metric", "unit", "better", "trial", "value", "kept")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path``: the whole of it, or the file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -35,39 +36,27 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_results_json(results: Mapping[str, Any], path: Path) -> Path:
-    """``results`` as pretty, UTF-8 JSON (names in Japanese stay readable)."""
-    check_version(results)
-    text = json.dumps(results, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    _write_atomic(Path(path), text)
+def write_results_json(results: Results | Mapping[str, Any], path: Path) -> Path:
+    """``results``' document as pretty, UTF-8 JSON (names in Japanese stay readable)."""
+    document = Results.of(results).document
+    text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    write_atomic(Path(path), text)
     return Path(path)
 
 
-def results_csv(results: Mapping[str, Any]) -> str:
+def results_csv(results: Results | Mapping[str, Any]) -> str:
     """The CSV text: one row per trial; ``trial`` counts from 1, ``kept`` is true/false."""
-    check_version(results)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
-    for cell in results.get("cells") or []:
-        trials = cell.get("trials") or []
-        kept = cell_kept(cell, str(cell.get("reduction") or "trimmed-mean"))
-        for i, value in enumerate(trials):
-            writer.writerow(
-                (
-                    cell.get("environment"),
-                    cell.get("workload"),
-                    cell.get("metric"),
-                    cell.get("unit"),
-                    cell.get("better"),
-                    i + 1,
-                    repr(float(value)) if isinstance(value, (int, float)) else value,
-                    "true" if kept[i] else "false",
-                )
-            )
+    for cell in Results.of(results).cells:
+        where = (cell.environment, cell.workload, cell.metric, cell.unit, cell.better)
+        for i, (value, kept) in enumerate(zip(cell.trials, cell.kept, strict=True)):
+            figure = repr(float(value)) if isinstance(value, (int, float)) else value
+            writer.writerow((*where, i + 1, figure, "true" if kept else "false"))
     return out.getvalue()
 
 
-def write_results_csv(results: Mapping[str, Any], path: Path) -> Path:
-    _write_atomic(Path(path), results_csv(results))
+def write_results_csv(results: Results | Mapping[str, Any], path: Path) -> Path:
+    write_atomic(Path(path), results_csv(results))
     return Path(path)

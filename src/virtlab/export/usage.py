@@ -30,6 +30,7 @@ from virtlab.export.charts import (
     plain,
     to_svg,
 )
+from virtlab.export.markdown_table import escape, render_table
 from virtlab.export.tables import MISSING, Cell, Table, baseline_name
 from virtlab.results.usage import CpuUsage, PhaseCpu, ProcessSeries, Timeline, UsageRun
 from virtlab.usage import USAGE_KEY
@@ -298,7 +299,6 @@ def usage_charts(results: Mapping[str, Any], usage: CpuUsage) -> list[Chart]:
 def usage_markdown(results: Mapping[str, Any]) -> list[str]:
     """The Markdown report's section: the tables (the chart is in report.html); none when the
     study was not sampled."""
-    from virtlab.export.markdown import escape, render_table  # it imports this module
 
     usage = CpuUsage.from_dict(results.get(USAGE_KEY))
     tables = usage_tables(usage)

@@ -1,0 +1,397 @@
+"""The results of a study as typed, frozen objects: what every exporter reads.
+
+A results document (results.json, format :data:`~virtlab.results.format.FORMAT_VERSION`) is
+upgraded, then read once into :class:`Results`. Analysis writes every cell's statistics into the
+document; a cell written without them (by hand, or by an older virtlab) gets them here, from its
+raw trials, so that no exporter ever reduces trials itself. The document stays what it was:
+results.json is written from it, never from the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+from virtlab import stats
+from virtlab.results.format import upgrade_results
+from virtlab.results.sweep import FIO_KIND, SweepPoint, fio_sweep_point
+
+DEFAULT_REDUCTION = "trimmed-mean"
+DEFAULT_THRESHOLD_PCT = 10.0
+DEFAULT_BASELINE = "native"
+ENVIRONMENT_KIND = "environment"
+"""The kind of an environment's own set-up figures: described, never judged against the baseline."""
+
+_TOP_LEVEL = (
+    "version", "study", "metadata", "environments", "workloads", "cells", "manifest_differences", "failures",
+)  # fmt: skip
+
+
+def finite(x: Any) -> bool:
+    """A number a figure can be: int or float, not bool, not nan or inf."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if finite(value) else None
+
+
+def _ci(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, list | tuple) and len(value) == 2 and all(finite(v) for v in value):
+        return float(value[0]), float(value[1])
+    return None
+
+
+def _series(raw: Any) -> tuple[tuple[float, ...], ...] | None:
+    """The well-formed per-trial series: sequences of numbers, not empty once the rest is dropped."""
+    out = []
+    for trial in raw if isinstance(raw, list | tuple) else ():
+        if isinstance(trial, Sequence) and not isinstance(trial, str):
+            values = tuple(float(v) for v in trial if finite(v))
+            if values:
+                out.append(values)
+    return tuple(out)
+
+
+# How a field is read from the document, by its declared type (``from __future__ import annotations``
+# keeps the annotations as these strings): a value of another type leaves the field's default, so a
+# hand-made or partial document reads as what it does say.
+_READERS: dict[str, Callable[[Any], Any]] = {
+    "str": _text,
+    "str | None": _text,
+    "int | None": _count,
+    "float": _number,
+    "float | None": _number,
+    "Mapping[str, Any]": _mapping,
+    "Mapping[str, Any] | None": _mapping,
+    "tuple[float, float] | None": _ci,
+    "tuple[tuple[float, ...], ...]": _series,
+    "Any": lambda value: value,
+}
+
+T = TypeVar("T")
+
+
+def _read(cls: type[T], raw: Mapping[str, Any], **given: Any) -> T:
+    """The dataclass ``cls`` from the document's mapping ``raw``, each field read by its type;
+    ``given`` sets fields computed elsewhere. A field without a default that ``raw`` lacks reads as
+    the text of what is there (``"None"``), as the exporters always showed it."""
+    values = dict(given)
+    for spec in fields(cls):  # type: ignore[arg-type]
+        if spec.name in values:
+            continue
+        value = _READERS[str(spec.type)](raw.get(spec.name))
+        if value is not None:
+            values[spec.name] = value
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            values[spec.name] = str(raw.get(spec.name))
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class Study:
+    """``results["study"]``: what the plan asked for and how far the study went."""
+
+    name: str | None = None
+    description: str | None = None
+    trials: int | None = None
+    warmups: int | None = None
+    reduction: str = DEFAULT_REDUCTION
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT
+    baseline: str = DEFAULT_BASELINE
+    plan_file: str | None = None
+    plan_sha256: str | None = None
+    status: str | None = None
+    """``finished``, ``running`` or ``interrupted``."""
+    scenario: str | None = None
+    """The scenario that ran the study (its section is :meth:`Results.section`); None for a grid."""
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """``results["metadata"]``: the host and tools (an open registry: keys are kept as found)."""
+
+    virtlab_version: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    host: Mapping[str, Any] = field(default_factory=dict)
+    tools: Mapping[str, Any] = field(default_factory=dict)
+    kernels: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    kind: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    manifest: Mapping[str, Any] | None = None
+    """What the environment reported about itself; None where provisioning failed first."""
+    status: str | None = None
+    """``ok`` or ``failed`` (with ``error``)."""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kind: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One environment x workload x metric: raw trials, the reduced figure and its spread, and the
+    overhead and verdict against the baseline's cell of the same workload and metric."""
+
+    environment: str
+    workload: str
+    metric: str
+    kind: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    unit: str = ""
+    better: str = "higher"
+    """As written (``higher`` or ``lower``); see :attr:`direction` for the one to compute with."""
+    trials: tuple[Any, ...] = ()
+    """The raw values in the order they were measured (warm-ups not counted)."""
+    reduction: str = DEFAULT_REDUCTION
+    value: float | None = None
+    """The reduced figure; None without any trial."""
+    ci95: tuple[float, float] | None = None
+    """95% confidence interval of the mean; None with fewer than two trials."""
+    kept: tuple[bool, ...] = ()
+    """Per trial: whether the reduction used it."""
+    outliers: tuple[int, ...] = ()
+    """Indexes of the trials whose modified z-score is above 3.5 (flagged only)."""
+    n: int | None = None
+    mean: float | None = None
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    stdev: float | None = None
+    cov: float | None = None
+    overhead_pct: float | None = None
+    """How much worse than the baseline, positive = a loss; None for the baseline and set-up figures."""
+    verdict: str | None = None
+    """``○`` within the threshold of the baseline, ``×`` otherwise; None where the overhead is."""
+    series: tuple[tuple[float, ...], ...] = ()
+    """Per trial, a time series (ops per second) for the charts: only the well-formed ones."""
+    context: Mapping[str, Any] = field(default_factory=dict)
+    """The scalar sample metadata every trial agrees on (how the cache was kept out, the path ...)."""
+    sweep: SweepPoint | None = None
+    """Where on the fio sweep this figure was measured; None outside it."""
+
+    @property
+    def direction(self) -> stats.Better:
+        return "lower" if self.better == "lower" else "higher"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.environment, self.workload, self.metric)
+
+    @property
+    def finite_trials(self) -> list[float]:
+        return [float(v) for v in self.trials if finite(v)]
+
+    @property
+    def half_width(self) -> float | None:
+        """The half-width of the 95% CI, None without one."""
+        return (self.ci95[1] - self.ci95[0]) / 2 if self.ci95 is not None else None
+
+    @property
+    def judged(self) -> bool:
+        """Whether this cell gets an overhead: an environment's own set-up is described, not judged
+        (the host needs no set-up at all, so any overhead against it would be meaningless)."""
+        return self.kind != ENVIRONMENT_KIND
+
+
+def read_cell(raw: Mapping[str, Any], study_reduction: str) -> Cell:
+    """A cell of the document; statistics it lacks are reduced from its trials, once, here."""
+    trials = tuple(raw.get("trials") or ())
+    reduction = str(raw.get("reduction") or study_reduction)
+    stored_kept, stored_outliers = raw.get("kept"), raw.get("outliers")
+    value, ci95 = _number(raw.get("value")), _ci(raw.get("ci95"))
+    kept = tuple(bool(k) for k in stored_kept) if isinstance(stored_kept, list) else None
+    if kept is not None and len(kept) != len(trials):
+        kept = None
+    outliers = None
+    if isinstance(stored_outliers, list):
+        outliers = tuple(i for i in stored_outliers if _count(i) is not None)
+    if value is None or ci95 is None or kept is None or outliers is None:
+        summary = _summary([float(v) for v in trials if finite(v)], str(raw.get("better")), reduction)
+        if summary is not None:
+            value = summary.value if value is None else value
+            ci95 = summary.ci95 if ci95 is None else ci95
+            kept = tuple(summary.kept) if kept is None else kept
+            outliers = tuple(summary.outliers) if outliers is None else outliers
+    params = _mapping(raw.get("params")) or {}
+    metric = str(raw.get("metric"))
+    sweep = fio_sweep_point(params.get("pattern"), metric) if raw.get("kind") == FIO_KIND else None
+    return _read(
+        Cell, raw, trials=trials, reduction=reduction, value=value, ci95=ci95, sweep=sweep,
+        kept=(True,) * len(trials) if kept is None else kept, outliers=outliers or (),
+    )  # fmt: skip
+
+
+def _summary(trials: list[float], better: str, reduction: str) -> stats.Summary | None:
+    if not trials:
+        return None
+    name = reduction if reduction in stats.REDUCTIONS else DEFAULT_REDUCTION
+    return stats.summarize(trials, "lower" if better == "lower" else "higher", name)
+
+
+def judge(cell: Cell, base: Cell | None, study: Study) -> Cell:
+    """``cell`` with the overhead and verdict against ``base`` where the document lacks them, by the
+    rules analysis wrote them with (:func:`virtlab.analysis.build_cells`)."""
+    overhead, verdict = cell.overhead_pct, cell.verdict
+    if overhead is None and cell.environment != study.baseline and cell.judged and base is not None:
+        overhead = stats.overhead_pct(cell.value, base.value, cell.direction)
+    if verdict not in (stats.MARK_OK, stats.MARK_BAD):
+        verdict = stats.verdict(overhead, study.threshold_pct)
+    if (overhead, verdict) == (cell.overhead_pct, cell.verdict):
+        return cell
+    return replace(cell, overhead_pct=overhead, verdict=verdict)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A trial, a workload or an environment that failed, with the log of what ran: ``workload``
+    None where the environment itself failed (provisioning), ``trial`` from 0 and None outside a
+    trial, ``phase`` ``provision``, ``run`` ... or ``unavailable`` (no fault: what the host lacks)."""
+
+    environment: str = "?"
+    workload: str | None = None
+    trial: int | None = None
+    phase: str = ""
+    error: str = ""
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class ManifestDifference:
+    """Where an environment's manifest differs from the baseline's in what changes a measurement."""
+
+    environment: str = ""
+    key: str = ""
+    baseline: Any = None
+    value: Any = None
+    note: str = ""
+
+
+def _records(raw: Any) -> list[Mapping[str, Any]]:
+    return [item for item in raw if isinstance(item, Mapping)] if isinstance(raw, list) else []
+
+
+@dataclass(frozen=True)
+class Results:
+    """A whole results document, upgraded and read once."""
+
+    version: int
+    study: Study
+    metadata: Metadata
+    environments: tuple[Environment, ...]
+    """In plan order (see :attr:`environment_names` for the baseline first)."""
+    workloads: tuple[Workload, ...]
+    cells: tuple[Cell, ...]
+    """By workload in plan order, metric as the workload reports them, environment in plan order."""
+    failures: tuple[Failure, ...]
+    manifest_differences: tuple[ManifestDifference, ...]
+    sections: Mapping[str, Any] = field(default_factory=dict)
+    """Every other top-level key, as written: a scenario's ``scenario``, ``cpu_usage`` ..."""
+    document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The document this was read from: results.json is written from it."""
+
+    @classmethod
+    def from_dict(cls, document: Mapping[str, Any]) -> Results:
+        """Upgrade ``document`` to the current format, then read it."""
+        document = upgrade_results(document)  # type: ignore[arg-type]
+        study = _read(Study, _mapping(document.get("study")) or {})
+        cells = [read_cell(raw, study.reduction) for raw in _records(document.get("cells"))]
+        index: dict[tuple[str, str, str], Cell] = {}
+        for cell in cells:
+            index.setdefault(cell.key, cell)
+        records = {
+            name: tuple(_read(kind, raw) for raw in _records(document.get(name)))
+            for name, kind in _RECORDS.items()
+        }
+        return cls(
+            version=document["version"],
+            study=study,
+            metadata=_read(Metadata, _mapping(document.get("metadata")) or {}),
+            cells=tuple(judge(c, index.get((study.baseline, c.workload, c.metric)), study) for c in cells),
+            sections={k: v for k, v in document.items() if k not in _TOP_LEVEL},
+            document=document,
+            **records,
+        )
+
+    @classmethod
+    def of(cls, results: Results | Mapping[str, Any]) -> Results:
+        """``results`` as the model: itself, or a document read (upgraded first)."""
+        return results if isinstance(results, Results) else cls.from_dict(results)
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        """A top-level section by its key (``cpu_usage``), or the scenario's section by the
+        scenario's name (``priority``, ``migration_layout`` ...): results.json keeps it under
+        ``scenario``, the study's ``scenario`` naming it."""
+        key = "scenario" if name == self.study.scenario else name
+        section = self.sections.get(key)
+        if not isinstance(section, Mapping):
+            raise KeyError(f"these results have no {name!r} section")
+        return section
+
+    def has_section(self, name: str) -> bool:
+        key = "scenario" if name == self.study.scenario else name
+        return isinstance(self.sections.get(key), Mapping)
+
+    @property
+    def environment_names(self) -> list[str]:
+        """Environments in plan order with the baseline first, plus any only seen in cells."""
+        names = list(dict.fromkeys([e.name for e in self.environments] + [c.environment for c in self.cells]))
+        if self.study.baseline in names:
+            names.remove(self.study.baseline)
+            names.insert(0, self.study.baseline)
+        return names
+
+    @cached_property
+    def cells_by_key(self) -> Mapping[tuple[str, str, str], Cell]:
+        """(environment, workload, metric) -> cell; the first of duplicates wins."""
+        index: dict[tuple[str, str, str], Cell] = {}
+        for cell in self.cells:
+            index.setdefault(cell.key, cell)
+        return index
+
+    def workloads_of(self, *kinds: str | None) -> list[Workload]:
+        """The planned workloads of these kinds, in plan order."""
+        return [w for w in self.workloads if w.kind in kinds]
+
+
+_RECORDS: dict[str, type] = {
+    "environments": Environment,
+    "workloads": Workload,
+    "failures": Failure,
+    "manifest_differences": ManifestDifference,
+}
+
+
+def load_results(path: Path) -> Results:
+    """results.json at ``path`` (or in the directory ``path``), upgraded and read."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    return Results.from_dict(json.loads(path.read_text(encoding="utf-8")))
