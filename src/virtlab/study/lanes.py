@@ -1,0 +1,96 @@
+"""Tasks on several hosts at once, each host keeping its own order: pure scheduling and its runner.
+
+A study's round is a list of tasks in the order the plan asks (interleave, shuffle). Each task
+involves one host or more (a network path holds both ends' hosts). A host runs one task at a time,
+its own tasks in their planned order: a task starts when it is the next of every host it involves
+and none of them is busy. Tasks on different hosts run side by side, at most ``max_parallel`` at
+once. On one host this is the planned order, one task after another, as a study has always run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+T = TypeVar("T")
+Host = Hashable
+
+
+def host_queues(hosts_of: Sequence[frozenset[Host]]) -> dict[Host, deque[int]]:
+    """Each host's tasks (their indices) in planned order."""
+    queues: dict[Host, deque[int]] = {}
+    for index, hosts in enumerate(hosts_of):
+        if not hosts:
+            raise ValueError(f"task {index} involves no host")
+        for host in hosts:
+            queues.setdefault(host, deque()).append(index)
+    return queues
+
+
+def ready(
+    queues: Mapping[Host, deque[int]], hosts_of: Sequence[frozenset[Host]], busy: set[Host]
+) -> list[int]:
+    """The tasks that may start now, in planned order: each the next of every host it involves,
+    none of those hosts busy. Two of them never share a host."""
+    found: list[int] = []
+    taken: set[Host] = set(busy)
+    for queue in queues.values():
+        if not queue:
+            continue
+        index = queue[0]
+        hosts = hosts_of[index]
+        if index in found or hosts & taken:
+            continue
+        if all(queues[host][0] == index for host in hosts):
+            found.append(index)
+            taken |= hosts
+    return sorted(found)
+
+
+def finished(queues: Mapping[Host, deque[int]], hosts_of: Sequence[frozenset[Host]], index: int) -> None:
+    """Task ``index`` is done: it leaves the head of each of its hosts' queues."""
+    for host in hosts_of[index]:
+        if queues[host][0] != index:
+            raise ValueError(f"task {index} finished out of {host!r}'s order")
+        queues[host].popleft()
+
+
+def run_by_host(
+    tasks: Sequence[T],
+    hosts_of: Callable[[T], frozenset[Host]],
+    run: Callable[[T], None],
+    max_parallel: int,
+) -> None:
+    """Runs every task, each host's in planned order, tasks on different hosts at once (at most
+    ``max_parallel``). With one host, or ``max_parallel`` 1, everything runs in this thread, in
+    planned order. ``run`` must not raise (a task's failure is its own, stored by it); if it does,
+    no new task starts, the running ones end, and the first error is raised here."""
+    involved = [hosts_of(task) for task in tasks]
+    queues = host_queues(involved)
+    if len(queues) <= 1 or max_parallel <= 1:
+        for task in tasks:
+            run(task)
+        return
+    busy: set[Host] = set()
+    running: dict[Future[None], int] = {}
+    error: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="virtlab-host") as pool:
+        while True:
+            if error is None:
+                # The pool runs at most max_parallel; a task waiting for a worker holds its hosts.
+                for index in ready(queues, involved, busy):
+                    busy |= involved[index]
+                    running[pool.submit(run, tasks[index])] = index
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                index = running.pop(future)
+                busy -= involved[index]
+                finished(queues, involved, index)
+                if future.exception() is not None and error is None:
+                    error = future.exception()
+    if error is not None:
+        raise error
