@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 import marks
@@ -71,3 +73,11 @@ HEAVIEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: place for place, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started as a background job of a shell without job control inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt: the Ctrl-C tests (and the CLIs they start,
+    # which inherit an ignored signal across exec) need it whatever started the suite.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

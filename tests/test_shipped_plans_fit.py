@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from virtlab.environments.vm import ImageSpec, VmEnvironment, built_image, default_size_mb
+from virtlab.environments.guest_vm import ImageSpec, built_image, default_size_mb
+from virtlab.environments.vm import VmEnvironment
 from virtlab.plan import load_plan
 from virtlab.storage import uses_nfs
 
