@@ -146,3 +146,54 @@ def test_a_failing_task_stops_new_ones_and_its_error_is_raised():
         run_by_host([(A, 0), (B, 0), (A, 1), (B, 1)], lambda task: hosts(task[0]), run, max_parallel=2)
     assert (A, 1) not in ran and (B, 1) not in ran
     assert (B, 0) in ran
+
+
+@pytest.mark.parametrize("host_of", [lambda task: A, lambda task: task[0]])
+def test_start_and_done_are_called_in_this_thread_with_each_result(host_of):
+    main = threading.current_thread()
+    calls, lock = [], threading.Lock()
+
+    def start(task: tuple[str, int]) -> None:
+        calls.append(("start", task, threading.current_thread() is main))
+
+    def run(task: tuple[str, int]) -> str:
+        time.sleep(0.01)
+        return f"{task[0]}{task[1]}"
+
+    def done(task: tuple[str, int], result: str) -> None:
+        with lock:
+            calls.append(("done", result, threading.current_thread() is main))
+
+    tasks = [(A, 0), (B, 0), (A, 1)]
+    run_by_host(tasks, lambda task: hosts(host_of(task)), run, max_parallel=2, start=start, done=done)
+    assert all(in_main for _, _, in_main in calls)
+    assert sorted(what for kind, what, _ in calls if kind == "start") == sorted(tasks)
+    assert sorted(what for kind, what, _ in calls if kind == "done") == ["a0", "a1", "b0"]
+    assert [c for c in calls if c[1] in ("a0", "a1")] == [("done", "a0", True), ("done", "a1", True)]
+
+
+def test_ctrl_c_keeps_the_results_of_the_running_tasks_and_starts_no_more():
+    import _thread
+
+    results = []
+
+    b_started = threading.Event()
+
+    def run(task: tuple[str, int]) -> str:
+        if task == (A, 0):
+            b_started.wait(10)
+            _thread.interrupt_main()  # Ctrl-C while B's first task still runs
+            return "a0"
+        b_started.set()
+        time.sleep(0.2)
+        return f"{task[0]}{task[1]}"
+
+    with pytest.raises(KeyboardInterrupt):
+        run_by_host(
+            [(A, 0), (B, 0), (A, 1), (B, 1)],
+            lambda task: hosts(task[0]),
+            run,
+            max_parallel=2,
+            done=lambda task, result: results.append(result),
+        )
+    assert sorted(results) == ["a0", "b0"]

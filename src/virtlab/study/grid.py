@@ -28,6 +28,7 @@ from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
+from virtlab.study.lanes import run_by_host
 from virtlab.study.measure import error_log, measure_inside
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.study.peers import measure_peers
@@ -35,6 +36,7 @@ from virtlab.study.preflight import no_room, preflight
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
 from virtlab.workloads._peer import PeerWorkload
 
+THIS_MACHINE = "localhost"
 OUTPUTS_EVERY_S = 30.0
 """During a study results.json and results.csv are rewritten at most this often (results.sqlite
 has every trial at once; the end rewrites all), so that a trial costs the same in a long study."""
@@ -57,6 +59,10 @@ class GridStudy(Study):
         self.storage = SharedStorage(self.out_dir / "storage")
         self._rewrite = Throttle(OUTPUTS_EVERY_S)
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
+        # Every environment is on this machine until environments name their hosts (issue 16):
+        # then cells on different hosts run side by side, at most max_parallel_hosts at once.
+        self.host_of: dict[str, str] = {env.name: THIS_MACHINE for env in plan.environments}
+        self.max_parallel_hosts = 1
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
             (env.name, w.name)
@@ -303,16 +309,37 @@ class GridStudy(Study):
 
     def _run_tasks(self, rounds: list[list[Task]]) -> None:
         for tasks in rounds:
-            for task in tasks:
-                if task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells:
-                    self.progress.advance()
-                    continue
-                self.progress.trial(task.environment, task.workload, self._label(task))
-                self._run_task(task)
-                self.progress.advance()
+            run_by_host(
+                tasks,
+                self._hosts_of,
+                self._measure_task,
+                self.max_parallel_hosts,
+                self._starting,
+                self._store,
+            )
             if self._rewrite.due():
                 self._store_usage()
                 write_outputs(self.out_dir, self.store, reports=False)
+
+    def _hosts_of(self, task: Task) -> frozenset[str]:
+        """The hosts a trial occupies: its cell's, and its peers' for a network workload."""
+        names = {task.environment}
+        workload = self.workloads[task.workload].workload
+        if isinstance(workload, PeerWorkload):
+            names |= {
+                n
+                for link in workload.links(task.environment, self.plan.baseline)
+                for n in (link.client, link.server)
+            }
+        return frozenset(self.host_of[name] for name in names)
+
+    def _starting(self, task: Task) -> None:
+        if not self._skipped(task):
+            self.progress.trial(task.environment, task.workload, self._label(task))
+
+    def _skipped(self, task: Task) -> bool:
+        """A cell that failed (or cannot be measured here) is not tried again in this study."""
+        return task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells
 
     def _label(self, task: Task) -> str:
         if task.trial is None:
@@ -320,7 +347,11 @@ class GridStudy(Study):
         planned = max(self.plan.study.first_trials, task.trial + 1)
         return f"{task.label} of {planned}"
 
-    def _run_task(self, task: Task) -> None:
+    def _measure_task(self, task: Task) -> TrialRecord | TrialFailure | None:
+        """One trial, measured (on a host's own thread when hosts run side by side): its record,
+        its failure, or None for a skipped one or a warm-up. It stores nothing."""
+        if self._skipped(task):
+            return None
         environment = self.environments[task.environment]
         workload = self.workloads[task.workload].workload
         started = time.time()
@@ -348,21 +379,27 @@ class GridStudy(Study):
                 raise TrialFailure(f"the plan's controls did not apply: {missed[0]}", "\n".join(missed))
             steal_after = _steal(environment)
         except TrialFailure as failure:
-            unavailable = failure.phase == UNAVAILABLE
+            return failure
+        if task.trial is None:
+            return None
+        elapsed = time.time() - started
+        if steal_before is not None and steal_after is not None:
+            context["steal_s"] = round(steal_after - steal_before, 3)
+        samples = [replace(sample, metadata={**sample.metadata, **context}) for sample in samples]
+        return TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
+
+    def _store(self, task: Task, result: TrialRecord | TrialFailure | None) -> None:
+        """What a trial gave, stored the moment it ends (in the study's own thread)."""
+        if isinstance(result, TrialRecord):
+            self.store.add_trial(result)
+        elif isinstance(result, TrialFailure):
+            unavailable = result.phase == UNAVAILABLE
             (self.outcome.unavailable_cells if unavailable else self.outcome.failed_cells).add(task.cell)
-            where = (task.environment, task.workload, task.trial, failure.phase)
-            self.store.add_failure(FailureRecord(*where, str(failure), failure.log, time.time()))
+            where = (task.environment, task.workload, task.trial, result.phase)
+            self.store.add_failure(FailureRecord(*where, str(result), result.log, time.time()))
             word = "NOT MEASURED" if unavailable else "FAILED"
-            self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {failure}")
-            return
-        if task.trial is not None:
-            elapsed = time.time() - started
-            if steal_before is not None and steal_after is not None:
-                context["steal_s"] = round(steal_after - steal_before, 3)
-            samples = [replace(sample, metadata={**sample.metadata, **context}) for sample in samples]
-            self.store.add_trial(
-                TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
-            )
+            self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {result}")
+        self.progress.advance()
 
     # -- network workloads -------------------------------------------------------------
     def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:

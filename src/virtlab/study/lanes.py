@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 Host = Hashable
 
 
@@ -60,37 +61,64 @@ def finished(queues: Mapping[Host, deque[int]], hosts_of: Sequence[frozenset[Hos
 def run_by_host(
     tasks: Sequence[T],
     hosts_of: Callable[[T], frozenset[Host]],
-    run: Callable[[T], None],
+    run: Callable[[T], R],
     max_parallel: int,
+    start: Callable[[T], None] = lambda task: None,
+    done: Callable[[T, R], None] = lambda task, result: None,
 ) -> None:
     """Runs every task, each host's in planned order, tasks on different hosts at once (at most
-    ``max_parallel``). With one host, or ``max_parallel`` 1, everything runs in this thread, in
-    planned order. ``run`` must not raise (a task's failure is its own, stored by it); if it does,
-    no new task starts, the running ones end, and the first error is raised here."""
+    ``max_parallel``). ``start`` and ``done`` are called in this thread, just before a task runs and
+    as soon as it has returned, so that what they record (a store, a display) sees one thread;
+    ``run`` may be called in another. With one host, or ``max_parallel`` 1, everything runs in this
+    thread, in planned order. ``run`` must not raise (a task's failure is its result); if it does,
+    no new task starts, the running ones end (``done`` is called for them), and the first error is
+    raised here. Ctrl-C in this thread waits for the running tasks (their results are kept)."""
     involved = [hosts_of(task) for task in tasks]
     queues = host_queues(involved)
     if len(queues) <= 1 or max_parallel <= 1:
         for task in tasks:
-            run(task)
+            start(task)
+            done(task, run(task))
         return
     busy: set[Host] = set()
     running: dict[Future[None], int] = {}
     error: BaseException | None = None
-    with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="virtlab-host") as pool:
+    # Each result goes to the outbox the moment its task returns (deque.append is atomic), so that
+    # a Ctrl-C that lands anywhere here, even inside submit, loses no finished task's result.
+    outbox: deque[tuple[int, R]] = deque()
+
+    def work(index: int) -> None:
+        outbox.append((index, run(tasks[index])))
+
+    def deliver() -> None:
+        while outbox:
+            index, result = outbox.popleft()
+            done(tasks[index], result)
+
+    pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="virtlab-host")
+    try:
         while True:
             if error is None:
                 # The pool runs at most max_parallel; a task waiting for a worker holds its hosts.
                 for index in ready(queues, involved, busy):
                     busy |= involved[index]
-                    running[pool.submit(run, tasks[index])] = index
+                    start(tasks[index])
+                    running[pool.submit(work, index)] = index
             if not running:
                 break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
+            finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished_now:
                 index = running.pop(future)
                 busy -= involved[index]
                 finished(queues, involved, index)
-                if future.exception() is not None and error is None:
-                    error = future.exception()
+                error = error or future.exception()
+            deliver()
+    except KeyboardInterrupt:
+        # Nothing new starts; the running tasks end on their own and their results are kept.
+        pool.shutdown(wait=True, cancel_futures=True)
+        deliver()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     if error is not None:
         raise error
