@@ -128,8 +128,18 @@ def test_max_parallel_bounds_the_hosts_at_once():
         with lock:
             now[0] -= 1
 
-    run_by_host([A, B, C, A, B, C], lambda task: hosts(task), run, max_parallel=2)
+    outstanding, most = [0], [0]  # started and not yet done: a task never waits queued for a worker
+
+    def start(task: str) -> None:
+        outstanding[0] += 1
+        most[0] = max(most[0], outstanding[0])
+
+    def done(task: str, result: None) -> None:
+        outstanding[0] -= 1
+
+    run_by_host([A, B, C, A, B, C], lambda task: hosts(task), run, max_parallel=2, start=start, done=done)
     assert at_once[0] == 2
+    assert most[0] == 2
 
 
 def test_a_failing_task_stops_new_ones_and_its_error_is_raised():
@@ -161,6 +171,7 @@ def test_start_and_done_are_called_in_this_thread_with_each_result(host_of):
         return f"{task[0]}{task[1]}"
 
     def done(task: tuple[str, int], result: str) -> None:
+        assert result == f"{task[0]}{task[1]}"  # each result comes with its own task
         with lock:
             calls.append(("done", result, threading.current_thread() is main))
 
@@ -173,6 +184,7 @@ def test_start_and_done_are_called_in_this_thread_with_each_result(host_of):
 
 
 def test_ctrl_c_keeps_the_results_of_the_running_tasks_and_starts_no_more():
+    # max_parallel 2: A's and B's first run, C's is queued for a worker when Ctrl-C comes.
     import _thread
 
     results = []
@@ -190,7 +202,7 @@ def test_ctrl_c_keeps_the_results_of_the_running_tasks_and_starts_no_more():
 
     with pytest.raises(KeyboardInterrupt):
         run_by_host(
-            [(A, 0), (B, 0), (A, 1), (B, 1)],
+            [(A, 0), (B, 0), (C, 0), (A, 1), (B, 1)],  # C's waits for a worker: it must not start
             lambda task: hosts(task[0]),
             run,
             max_parallel=2,

@@ -99,8 +99,9 @@ def run_by_host(
     try:
         while True:
             if error is None:
-                # The pool runs at most max_parallel; a task waiting for a worker holds its hosts.
-                for index in ready(queues, involved, busy):
+                # Only as many as there are free workers: a task never waits queued, so that a
+                # Ctrl-C starts nothing more.
+                for index in ready(queues, involved, busy)[: max_parallel - len(running)]:
                     busy |= involved[index]
                     start(tasks[index])
                     running[pool.submit(work, index)] = index
@@ -115,7 +116,7 @@ def run_by_host(
             deliver()
     except KeyboardInterrupt:
         # Nothing new starts; the running tasks end on their own and their results are kept.
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True)
         deliver()
         raise
     finally:
