@@ -19,6 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
+from virtlab.environments.abilities import BridgeNetwork
 from virtlab.environments.libvirt import (
     AGENT_CHANNEL,
     OWNER_NAMESPACE,
@@ -587,3 +588,9 @@ def test_cleanup_deletes_the_volumes_whose_owner_died(libvirtd, conn, pool, tmp_
     assert sorted(pool.listVolumes()) == sorted(
         [names["alive"], names["elsewhere"], "not-virtlab.o1-2-ab-0a1b2c3d.disk"]
     )
+
+
+def test_a_libvirt_domain_on_virtlabs_bridge_is_refused_not_given_slirp():
+    with pytest.raises(ValueError, match="user-mode networking"):
+        LibvirtOptions(network="bridge")
+    assert LibvirtOptions().offers(BridgeNetwork) is None

@@ -118,6 +118,13 @@ class LibvirtOptions(VmOptions):
             )
         if self.machine == "microvm":
             raise ValueError('libvirt does not define microvm domains: use machine "q35" or "pc"')
+        if self.network == "bridge":
+            # The domain uses libvirt's user-mode networking: a plan that asks for virtlab's bridge
+            # would silently get slirp instead, and its network figures would not be what it says.
+            raise ValueError(
+                'network "bridge": a libvirt domain here uses libvirt\'s user-mode networking; '
+                'use kind = "vm" for a guest on virtlab\'s bridge'
+            )
         if self.storage_pool and re.search(r"[/\s]", self.storage_pool):
             raise ValueError(f"storage_pool {self.storage_pool!r}: a libvirt pool name has no '/' or spaces")
         return self
