@@ -1,0 +1,330 @@
+"""Against the paper: a seed's published figures and findings, judged against this run. Pure.
+
+A plan carries what its paper published as data (``[[paper.figure]]``: a table's figure and the
+cell it maps to; ``[[paper.finding]]``: a claim in one sentence and a rule over this run's figures).
+``judge_figures`` puts each published figure beside the measured one with their ratio;
+``judge_findings`` evaluates each rule: the claim holds, does not hold, or cannot be measured here,
+with the reason (a figure this run lacks, a fact of this host such as one NUMA node).
+
+A rule is an expression in a small language, read with Python's own parser and evaluated by walking
+its tree (never ``eval``): numbers, ``+ - * /``, comparisons (chained too), ``and``, ``or``,
+``not``, and calls of the figures the study offers, with string arguments, e.g.::
+
+    overhead("vm", "dd-write", "write_mbps") > overhead("vm", "himeno", "mflops")
+    value("vm", "fio-seq", "read_mbps") >= 0.9 * value("native", "fio-seq", "read_mbps")
+
+The grid offers ``value(environment, workload, metric)`` and ``overhead(environment, workload,
+metric)`` (against the study's baseline, in %); a scenario adds its own figures by name.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+HOLDS, DOES_NOT_HOLD, NOT_HERE = "holds", "does not hold", "cannot be measured here"
+Verdict = Literal["holds", "does not hold", "cannot be measured here"]
+
+
+class NotMeasured(Exception):
+    """A figure a rule or a published figure needs that this run does not have, with the reason."""
+
+
+Figure = Callable[..., float]
+"""A figure the study offers to rules: called with string arguments; returns a number or raises
+NotMeasured with the reason."""
+
+
+# --------------------------------------------------------------------------- the plan's tables
+
+
+class PaperFigure(BaseModel):
+    """``[[paper.figure]]``: one figure the paper published, and the figure of this run it maps to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str = Field(description='where in the paper: "Table 5", "Fig. 7"')
+    figure: str = Field(description='this run\'s figure, a rule expression: value("vm", "dd", "write_mbps")')
+    published: float = Field(description="the paper's value")
+    unit: str = Field(default="", description="the published value's unit (as the paper gives it)")
+    note: str = Field(default="", description="how the mapping was read from the paper")
+
+    @field_validator("figure")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        parse_rule(text)
+        return text
+
+
+class PaperFinding(BaseModel):
+    """``[[paper.finding]]``: a conclusion of the paper in one sentence and a rule that checks it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    claim: str = Field(description="the paper's conclusion, in one sentence")
+    rule: str = Field(description="an expression over this run's figures that is true when it holds")
+    ref: str = Field(default="", description='where in the paper: "6. まとめ", "Table 15"')
+    needs: list[str] = Field(
+        default_factory=list,
+        description='facts of the host the claim depends on, e.g. "kvm", "numa_nodes >= 2", "rapl"',
+    )
+
+    @field_validator("rule")
+    @classmethod
+    def _parses(cls, text: str) -> str:
+        parse_rule(text)
+        return text
+
+    @field_validator("needs")
+    @classmethod
+    def _needs_parse(cls, needs: list[str]) -> list[str]:
+        for need in needs:
+            parse_need(need)
+        return needs
+
+
+class PaperSpec(BaseModel):
+    """``[paper]``: the source and what it published."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(default="", description="the paper: authors, title, venue, year")
+    figure: list[PaperFigure] = Field(default_factory=list)
+    finding: list[PaperFinding] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- rules
+
+_COMPARE: dict[type[ast.cmpop], Callable[[float, float], bool]] = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+_ARITHMETIC: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+class RuleError(ValueError):
+    """A rule that is not in the language, or that asks for a figure the study does not offer."""
+
+
+def parse_rule(text: str) -> ast.expr:
+    """The rule's tree, checked against the language (RuleError with what is not allowed)."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise RuleError(f"{text!r} is not an expression: {error.msg}") from None
+    for node in ast.walk(tree):
+        allowed = (
+            ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp, ast.Compare,
+            ast.Call, ast.Name, ast.Load, ast.Constant, *_COMPARE, *_ARITHMETIC,
+        )  # fmt: skip
+        if not isinstance(node, allowed):
+            raise RuleError(f"{text!r}: {type(node).__name__} is not allowed in a rule")
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.keywords:
+                raise RuleError(f"{text!r}: call a figure by name with plain arguments")
+            if not all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args):
+                raise RuleError(f"{text!r}: {node.func.id}(...) takes strings")
+        elif isinstance(node, ast.Constant) and not _number_or_argument(node, tree):
+            raise RuleError(f"{text!r}: {node.value!r} is neither a number nor a figure's argument")
+        elif isinstance(node, ast.Name) and not _called(node, tree):
+            raise RuleError(f"{text!r}: {node.id!r} alone means nothing; call a figure: {node.id}(...)")
+    return tree
+
+
+def _number_or_argument(node: ast.Constant, tree: ast.expr) -> bool:
+    if isinstance(node.value, bool):
+        return False
+    if isinstance(node.value, int | float):
+        return True
+    return any(isinstance(call, ast.Call) and node in call.args for call in ast.walk(tree))
+
+
+def _called(node: ast.Name, tree: ast.expr) -> bool:
+    return any(isinstance(call, ast.Call) and call.func is node for call in ast.walk(tree))
+
+
+@dataclass
+class Evaluation:
+    """What a rule came to: its truth (or its number, for a figure) and every figure it read."""
+
+    result: bool | float
+    read: dict[str, float] = field(default_factory=dict)
+
+
+def evaluate(text: str, figures: Mapping[str, Figure]) -> Evaluation:
+    """The rule evaluated over ``figures``; NotMeasured when a figure it needs is missing,
+    RuleError when it calls one the study does not offer."""
+    read: dict[str, float] = {}
+
+    def walk(node: ast.expr) -> bool | float:
+        if isinstance(node, ast.Constant):
+            return float(node.value)
+        if isinstance(node, ast.Call):
+            assert isinstance(node.func, ast.Name)
+            name = node.func.id
+            if name not in figures:
+                offered = ", ".join(sorted(figures)) or "none"
+                raise RuleError(f"{text!r}: no figure {name!r} in this study (it offers: {offered})")
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            number = float(figures[name](*args))
+            if not math.isfinite(number):
+                raise NotMeasured(f"{ast.unparse(node)} is not a finite number")
+            read[ast.unparse(node)] = number
+            return number
+        if isinstance(node, ast.UnaryOp):
+            operand = walk(node.operand)
+            return (not operand) if isinstance(node.op, ast.Not) else -float(operand)
+        if isinstance(node, ast.BinOp):
+            left, right = float(walk(node.left)), float(walk(node.right))
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise NotMeasured(f"{ast.unparse(node)} divides by zero")
+            return _ARITHMETIC[type(node.op)](left, right)
+        if isinstance(node, ast.Compare):
+            left = walk(node.left)
+            for op, comparator in zip(node.ops, node.comparators, strict=True):
+                right = walk(comparator)
+                if not _COMPARE[type(op)](float(left), float(right)):
+                    return False
+                left = right
+            return True
+        assert isinstance(node, ast.BoolOp)  # parse_rule allows nothing else
+        # Every operand is read, so that a missing figure is never hidden by a short-circuit.
+        values = [bool(walk(value)) for value in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+
+    result = walk(parse_rule(text))
+    return Evaluation(result, read)
+
+
+# --------------------------------------------------------------------------- host facts
+
+_NEED = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(?:(>=|<=|==|>|<)\s*(\d+(?:\.\d+)?))?\s*$")
+
+
+def parse_need(text: str) -> tuple[str, str | None, float | None]:
+    """``"kvm"`` -> (kvm, None, None); ``"numa_nodes >= 2"`` -> (numa_nodes, >=, 2.0)."""
+    match = _NEED.match(text)
+    if match is None:
+        raise ValueError(
+            f"need {text!r}: a fact name, or a fact, a comparison and a number (numa_nodes >= 2)"
+        )
+    name, op, number = match.groups()
+    return name, op, float(number) if number is not None else None
+
+
+_NEED_COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
+
+
+def unmet_needs(needs: Sequence[str], facts: Mapping[str, float | bool | None]) -> list[str]:
+    """The needs this host does not meet, each said with what the host has: "numa_nodes >= 2
+    (this host: 1)", "kvm (this host: no)", "rapl (not known here)"."""
+    unmet = []
+    for need in needs:
+        name, op, number = parse_need(need)
+        have = facts.get(name)
+        if have is None:
+            unmet.append(f"{need.strip()} (not known here)")
+        elif op is None and not have:
+            unmet.append(f"{name} (this host: no)")
+        elif op is not None and number is not None and not _NEED_COMPARE[op](float(have), number):
+            unmet.append(f"{need.strip()} (this host: {have:g})")
+    return unmet
+
+
+# --------------------------------------------------------------------------- judging
+
+
+@dataclass(frozen=True)
+class FigureCheck:
+    """A published figure beside this run's."""
+
+    ref: str
+    figure: str
+    published: float
+    unit: str
+    measured: float | None
+    ratio: float | None
+    """measured / published; None when either is missing or the published one is zero."""
+    reason: str | None
+    """Why there is no measured figure."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ref": self.ref, "figure": self.figure, "published": self.published, "unit": self.unit,
+            "measured": self.measured, "ratio": self.ratio, "reason": self.reason,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FindingCheck:
+    """A finding of the paper judged on this run."""
+
+    claim: str
+    ref: str
+    rule: str
+    verdict: Verdict
+    reason: str | None
+    read: Mapping[str, float]
+    """Every figure the rule read, by its call as written (overhead("vm", "dd", "write_mbps"))."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "claim": self.claim, "ref": self.ref, "rule": self.rule, "verdict": self.verdict,
+            "reason": self.reason, "figures": dict(self.read),
+        }  # fmt: skip
+
+
+def judge_figures(published: Sequence[PaperFigure], figures: Mapping[str, Figure]) -> list[FigureCheck]:
+    checks = []
+    for item in published:
+        try:
+            result = evaluate(item.figure, figures).result
+        except NotMeasured as missing:
+            checks.append(
+                FigureCheck(item.ref, item.figure, item.published, item.unit, None, None, str(missing))
+            )
+            continue
+        measured = float(result)
+        ratio = measured / item.published if item.published != 0 else None
+        checks.append(FigureCheck(item.ref, item.figure, item.published, item.unit, measured, ratio, None))
+    return checks
+
+
+def judge_findings(
+    findings: Sequence[PaperFinding],
+    figures: Mapping[str, Figure],
+    facts: Mapping[str, float | bool | None],
+) -> list[FindingCheck]:
+    """Each finding: "cannot be measured here" when the host lacks what it needs (the reason says
+    what) or a figure its rule reads is missing (the reason says why); else holds or does not."""
+    checks = []
+    for finding in findings:
+        unmet = unmet_needs(finding.needs, facts)
+        if unmet:
+            reason = "needs " + "; ".join(unmet)
+            checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, reason, {}))
+            continue
+        try:
+            evaluation = evaluate(finding.rule, figures)
+        except NotMeasured as missing:
+            checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, str(missing), {}))
+            continue
+        verdict: Verdict = HOLDS if bool(evaluation.result) else DOES_NOT_HOLD
+        checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, verdict, None, evaluation.read))
+    return checks
