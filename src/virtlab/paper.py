@@ -29,6 +29,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from virtlab.results import Results
+
 HOLDS, DOES_NOT_HOLD, NOT_HERE = "holds", "does not hold", "cannot be measured here"
 Verdict = Literal["holds", "does not hold", "cannot be measured here"]
 
@@ -328,3 +330,112 @@ def judge_findings(
         verdict: Verdict = HOLDS if bool(evaluation.result) else DOES_NOT_HOLD
         checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, verdict, None, evaluation.read))
     return checks
+
+
+# --------------------------------------------------------------------------- a run's figures and facts
+
+GRID_FIGURES = ("value", "overhead")
+"""The figures every study's cells give to rules (``run_figures``)."""
+NO_SUCH_KIND = ("xen", "hyperv", "esxi")
+"""Hypervisors the seeds measured that virtlab has no environment kind for: a finding that needs
+one cannot be measured by virtlab anywhere."""
+
+
+def run_figures(results: Results) -> dict[str, Figure]:
+    """The figures a grid offers to rules: ``value`` (the cell's reduced figure) and ``overhead``
+    (against the study's baseline, %; 0 for the baseline itself). A missing one says why: the
+    cell's failure, its reason for not being measured, or that the run has no such cell."""
+    cells = results.cells_by_key
+
+    def missing(environment: str, workload: str, metric: str) -> NotMeasured:
+        for failure in results.failures:
+            if failure.environment == environment and failure.workload in (workload, None):
+                return NotMeasured(f"{workload} @ {environment}: {failure.phase} failed: {failure.error}")
+        return NotMeasured(f"{workload} @ {environment}: no {metric} in this run")
+
+    def value(environment: str, workload: str, metric: str) -> float:
+        cell = cells.get((environment, workload, metric))
+        if cell is None or cell.value is None:
+            raise missing(environment, workload, metric)
+        return cell.value
+
+    def overhead(environment: str, workload: str, metric: str) -> float:
+        cell = cells.get((environment, workload, metric))
+        if cell is None or cell.value is None:
+            raise missing(environment, workload, metric)
+        if environment == results.study.baseline:
+            return 0.0
+        if cell.overhead_pct is None:
+            raise NotMeasured(f"{workload} @ {environment}: no overhead (the baseline has no {metric})")
+        return cell.overhead_pct
+
+    return {"value": value, "overhead": overhead}
+
+
+def run_facts(results: Results) -> dict[str, float | bool | None]:
+    """What the run's host was, as the findings' needs name it: its NUMA nodes and cores (from the
+    metadata), whether its VMs ran under KVM (None: no VM ran), and False for the hypervisors
+    virtlab has no kind for."""
+    host = results.metadata.host
+    accelerators = {
+        str((environment.manifest or {}).get("accelerator", "")).split(" ")[0]
+        for environment in results.environments
+        if environment.kind in ("vm", "libvirt") and environment.manifest
+    }
+    facts: dict[str, float | bool | None] = {
+        "numa_nodes": host.get("numa_nodes"),
+        "cores": host.get("cores"),
+        "kvm": ("kvm" in accelerators) if accelerators else None,
+    }
+    facts.update({kind: False for kind in NO_SUCH_KIND})
+    return facts
+
+
+def paper_section(
+    spec: PaperSpec, figures: Mapping[str, Figure], facts: Mapping[str, float | bool | None]
+) -> dict[str, object]:
+    """results.json's ``paper``: the source, each published figure beside the measured one, and
+    each finding's verdict with its reason."""
+    return {
+        "source": spec.source,
+        "figures": [check.to_dict() for check in judge_figures(spec.figure, figures)],
+        "findings": [check.to_dict() for check in judge_findings(spec.finding, figures, facts)],
+    }
+
+
+def rule_calls(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The figures a rule calls, with their arguments, in the order written."""
+    calls = []
+    for node in ast.walk(parse_rule(text)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            calls.append(
+                (node.func.id, tuple(str(a.value) for a in node.args if isinstance(a, ast.Constant)))
+            )
+    return calls
+
+
+def paper_problems(
+    spec: PaperSpec,
+    offered: Sequence[str],
+    environments: Sequence[str] | None,
+    workloads: Sequence[str] | None,
+) -> list[str]:
+    """What the plan's [paper] asks that its study cannot give: a figure the study does not offer, a
+    grid figure with other than (environment, workload, metric), an environment or a workload the
+    plan does not have (``None``: the study names them itself, as a scenario does)."""
+    problems = []
+    rules = [(f"paper.figure ({f.ref})", f.figure) for f in spec.figure]
+    rules += [(f"paper.finding ({f.claim[:40]})", f.rule) for f in spec.finding]
+    for where, rule in rules:
+        for name, arguments in rule_calls(rule):
+            if name not in offered:
+                problems.append(f"{where}: no figure {name!r} in this study; it offers {', '.join(offered)}")
+            elif name in GRID_FIGURES and len(arguments) != 3:
+                problems.append(f"{where}: {name}(environment, workload, metric) takes 3 names")
+            elif name in GRID_FIGURES and environments is not None and arguments[0] not in environments:
+                problems.append(
+                    f"{where}: no environment {arguments[0]!r}; the plan has {', '.join(environments)}"
+                )
+            elif name in GRID_FIGURES and workloads is not None and arguments[1] not in workloads:
+                problems.append(f"{where}: no workload {arguments[1]!r}; the plan has {', '.join(workloads)}")
+    return problems

@@ -25,6 +25,7 @@ from virtlab.control import ControlSpec
 from virtlab.control.environment import plan_problems
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
+from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
@@ -136,6 +137,8 @@ class Plan:
     workloads: tuple[WorkloadSpec, ...]
     scenario: Any = None
     """The validated table of ``study.scenario`` (that scenario's ``Config``), or None for a grid."""
+    paper: PaperSpec | None = None
+    """``[paper]``: the seed's published figures and findings, judged in the report."""
 
     @property
     def sha256(self) -> str:
@@ -170,7 +173,7 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
     study_table = document.get("study")
     scenario_name = study_table.get("scenario") if isinstance(study_table, dict) else None
-    allowed = {"study", "environment", "workload"} | (
+    allowed = {"study", "environment", "workload", "paper"} | (
         {scenario_name} if isinstance(scenario_name, str) else set()
     )
     if isinstance(scenario_name, str) and scenario_name not in SCENARIOS:
@@ -182,7 +185,7 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         )
     unknown = sorted(set(document) - allowed)
     if unknown:
-        fix = "use [study], [[environment]] and [[workload]]"
+        fix = "use [study], [[environment]], [[workload]] and [paper]"
         if unknown[0] in SCENARIOS:
             fix = f'[{unknown[0]}] configures a scenario: add scenario = "{unknown[0]}" to [study]'
         raise InputError(source, f"unknown top-level key {unknown[0]!r}", fix)
@@ -210,7 +213,25 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
             f"use one of: {', '.join(env_names)}",
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
-    return Plan(source, text, study, environments, workloads, scenario)
+    paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
+    return Plan(source, text, study, environments, workloads, scenario, paper)
+
+
+def _paper(
+    document: dict[str, Any], study: StudySpec, environments: list[str], workloads: list[str], source: str
+) -> PaperSpec | None:
+    """[paper]: what the seed published, its rules checked against what this study offers."""
+    if "paper" not in document:
+        return None
+    spec = _validated(PaperSpec, document["paper"], source, "paper")
+    if study.scenario is None:
+        problems = paper_problems(spec, GRID_FIGURES, environments, workloads)
+    else:
+        offered = (*GRID_FIGURES, *SCENARIOS.get(study.scenario).paper_figures)
+        problems = paper_problems(spec, offered, None, None)
+    if problems:
+        raise InputError(source, problems[0], "use the names of this plan and the figures its study offers")
+    return spec
 
 
 def _scenario(

@@ -39,6 +39,8 @@ class ScenarioKind(Protocol):
     summary: ClassVar[str]
     Config: ClassVar[type[BaseModel] | None]
     check: ClassVar[PlanCheck]
+    paper_figures: ClassVar[tuple[str, ...]]
+    """The figures it offers to a plan's [paper] rules besides value and overhead."""
 
 
 SCENARIOS: Registry[Any] = Registry("scenario", entry_point_group="virtlab.scenarios")

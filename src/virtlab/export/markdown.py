@@ -82,6 +82,8 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
     parts += table_section(report.verdict)
     for table in report.io_tables:  # disk, network, file transfer; their charts are in the HTML
         parts += table_section(table)
+    for table in report.paper:  # the plan's [paper]: the seed's figures and findings
+        parts += table_section(table)
     parts += usage_markdown(results.document)  # [study] cpu_sample_interval_s: CPU usage over time
     parts += table_section(report.trials, escape(report.trials_legend))
     if report.failures:

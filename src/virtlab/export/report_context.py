@@ -201,6 +201,8 @@ class Report:
     metadata: Table
     legend: str
     trials_legend: str
+    paper: tuple[Table, ...] = ()
+    """Against the paper: the published figures and the findings judged (:mod:`virtlab.export.paper`)."""
 
 
 # --------------------------------------------------------------------------

@@ -101,6 +101,8 @@ def render_markdown(report: ScenarioReport) -> str:
     for table in report.after_figures:
         parts += table_section(table)
     base = report.base
+    for table in base.paper:  # the plan's [paper]: the seed's figures and findings
+        parts += table_section(table)
     if report.shows_reasons:
         parts += not_measured(base.not_measured)
     if report.show_trials:

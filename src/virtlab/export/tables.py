@@ -15,6 +15,7 @@ from typing import Any
 
 from virtlab import stats
 from virtlab.export.iotables import io_tables_of
+from virtlab.export.paper import paper_tables
 from virtlab.export.report_context import (
     ARROW,
     BETTER_WORDS,
@@ -377,6 +378,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         metadata=metadata_table(ctx),
         legend=LEGEND,
         trials_legend=trials_legend,
+        paper=paper_tables(ctx.results),
     )
 
 

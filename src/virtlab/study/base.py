@@ -31,8 +31,10 @@ from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.export import write_reports, write_results_json
 from virtlab.outputs import write_outputs
+from virtlab.paper import Figure, paper_section, run_facts, run_figures
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
+from virtlab.results import Results
 from virtlab.scenario_kinds import PlanProblem
 from virtlab.store import ResultStore
 from virtlab.study.outcome import StudyOutcome
@@ -57,6 +59,9 @@ class Study(ABC):
     summary: ClassVar[str]
     Config: ClassVar[type[BaseModel] | None] = None
     """The model of the scenario's plan table (extra keys refused); None for the grid."""
+    paper_figures: ClassVar[tuple[str, ...]] = ()
+    """The figures this study offers to a [paper]'s rules besides every study's value and overhead
+    (``paper_figures_of``)."""
     unit: ClassVar[str] = "trial"
     """What the study stores as it goes, in messages: "every finished trial is stored"."""
 
@@ -119,6 +124,11 @@ class Study(ABC):
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_reports(results, self.out_dir)
+
+    def paper_figures_of(self, results: Results) -> dict[str, Figure]:
+        """The figures the plan's [paper] rules read: every study's cells (``value``, ``overhead``);
+        a scenario adds those it names in ``paper_figures``."""
+        return run_figures(results)
 
     # -- the lifecycle
     def run(self) -> StudyOutcome:
@@ -206,6 +216,10 @@ class Study(ABC):
         section = self.section(results)
         if section is not None:
             results["scenario"] = section
+        if self.plan.paper is not None:
+            model = Results.from_dict(results)
+            results["paper"] = paper_section(self.plan.paper, self.paper_figures_of(model), run_facts(model))
+        if section is not None or self.plan.paper is not None:
             write_results_json(results, self.out_dir / "results.json")
         if reports:
             self.write_reports(results)
