@@ -4,6 +4,7 @@ sections, ``virtlab report`` rebuilding them, and the plan's checks of its rules
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -11,6 +12,7 @@ from virtlab.errors import InputError
 from virtlab.outputs import open_results_dir
 from virtlab.plan import parse_plan
 from virtlab.study import rebuild_outputs, run_study
+from virtlab_cli import virtlab
 
 PLAN = """
 [study]
@@ -129,3 +131,23 @@ def test_virtlab_report_rebuilds_the_section_from_the_stored_plan(study):
 def test_a_paper_table_that_asks_what_the_study_cannot_give_is_refused_while_parsing(change, message):
     with pytest.raises(InputError, match=message):
         parse_plan(PLAN.replace(*change, 1), "paper.toml")
+
+
+def test_virtlab_compare_judges_a_run_against_its_paper_or_another_plans(study, tmp_path):
+    shown = virtlab("compare", str(study), "--paper")
+    assert shown.returncode == 0, shown.stderr
+    assert "## Against the paper: findings" in shown.stdout
+    assert "needs xen (this host: no)" in shown.stdout
+    assert re.search(r"\| Table 1 .*\|\s+0\.500 \|", shown.stdout)  # measured 1 of the published 2
+    other = tmp_path / "other.toml"
+    other.write_text(PLAN.replace("published = 2", "published = 4"))
+    shown = virtlab("compare", str(study), "--paper", "--plan", str(other))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"\| Table 1 .*\|\s+0\.250 \|", shown.stdout)
+    assert json.loads((study / "results.json").read_text())["paper"]["figures"][0]["published"] == 2.0
+    bare = tmp_path / "bare.toml"
+    bare.write_text(PLAN[: PLAN.index("[paper]")])
+    refused = virtlab("compare", str(study), "--paper", "--plan", str(bare))
+    assert refused.returncode == 2 and "has no [paper]" in refused.stderr
+    alone = virtlab("compare", str(study))
+    assert alone.returncode == 2 and "give B, or add --paper" in alone.stderr

@@ -68,14 +68,25 @@ def report(directory: Annotated[Path, typer.Argument(help="a results directory")
 @app.command()
 def compare(
     before: Annotated[Path, typer.Argument(help="results directory A (before)")],
-    after: Annotated[Path, typer.Argument(help="results directory B (after)")],
+    after: Annotated[Path | None, typer.Argument(help="results directory B (after)")] = None,
     fail_over: Annotated[
         float | None,
         typer.Option("--fail-over", help="exit 1 if a cell regressed by more than PCT, significantly"),
     ] = None,
     alpha: Annotated[float, typer.Option(help="significance level of the Mann-Whitney U test")] = 0.05,
+    paper: Annotated[
+        bool, typer.Option("--paper", help="compare A with the paper's figures and findings instead of B")
+    ] = False,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="with --paper: the plan whose [paper] to use (default: A's)")
+    ] = None,
 ) -> None:
-    """Per-cell change from A to B with significance."""
+    """Per-cell change from A to B with significance; or, with --paper, A against its paper."""
+    if paper:
+        _compare_with_paper(before, plan)
+        return
+    if after is None:
+        raise InputError("virtlab compare", "one results directory and no --paper", "give B, or add --paper")
     from virtlab.compare import compare_results, regressions_over, render_compare_markdown
 
     changes = compare_results(_load_results(before), _load_results(after), alpha=alpha)
@@ -87,6 +98,22 @@ def compare(
                 f"{len(regressed)} cell(s) regressed by more than {fail_over:g}% with significance", err=True
             )
             raise typer.Exit(1)
+
+
+def _compare_with_paper(directory: Path, plan_path: Path | None) -> None:
+    """The run's figures beside the paper's and its findings judged, as the report shows them."""
+    from virtlab.export.markdown import table_section
+    from virtlab.outputs import open_results_dir
+    from virtlab.plan import load_plan
+    from virtlab.study import judge_against_paper
+
+    store = open_results_dir(directory)
+    try:
+        given = load_plan(plan_path) if plan_path is not None else None
+        tables = judge_against_paper(directory, store, given)
+    finally:
+        store.close()
+    typer.echo("\n\n".join(part for table in tables for part in table_section(table)))
 
 
 @app.command()

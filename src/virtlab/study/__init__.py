@@ -9,6 +9,7 @@ from virtlab.study.base import GRID, Run, RunsStudy, Study, StudyShape
 from virtlab.study.launch import (
     check_results_dir,
     default_out_dir,
+    judge_against_paper,
     latest_out_dir,
     open_study,
     rebuild_outputs,
@@ -30,6 +31,7 @@ __all__ = [
     "TrialFailure",
     "check_results_dir",
     "default_out_dir",
+    "judge_against_paper",
     "latest_out_dir",
     "open_study",
     "rebuild_outputs",

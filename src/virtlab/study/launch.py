@@ -11,6 +11,7 @@ from pathlib import Path
 from virtlab import dirlock
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, MachineFault, machine_fault_cause
+from virtlab.export.report_context import Table
 from virtlab.plan import Plan
 from virtlab.progress import ProgressSink, SilentProgress
 from virtlab.scenario_kinds import SCENARIOS
@@ -119,11 +120,37 @@ def rebuild_outputs(directory: Path, store: ResultStore) -> None:
     """``virtlab report``: results.json, results.csv and the reports of a results directory rebuilt
     from its store, by the study that wrote it (read from its stored plan)."""
     from virtlab.outputs import write_outputs
+
+    if not store.get("plan_text"):  # a store from before plans were stored: a grid study
+        write_outputs(directory, store, reports=True)
+        return
+    plan = stored_plan(directory, store)
+    study_class(plan)(plan, directory, store, None, SilentProgress()).write_outputs(reports=True)  # type: ignore[arg-type]
+
+
+def stored_plan(directory: Path, store: ResultStore) -> Plan:
+    """The plan a results directory was run with (it is stored with the results)."""
     from virtlab.plan import parse_plan
 
     text = store.get("plan_text")
-    if not text:  # a store from before plans were stored: a grid study
-        write_outputs(directory, store, reports=True)
-        return
-    plan = parse_plan(text, str(directory / "results.sqlite (stored plan)"))
-    study_class(plan)(plan, directory, store, None, SilentProgress()).write_outputs(reports=True)  # type: ignore[arg-type]
+    if not text:
+        raise InputError(str(directory), "holds no plan (written before plans were stored)", "give --plan")
+    return parse_plan(text, str(directory / "results.sqlite (stored plan)"))
+
+
+def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None = None) -> tuple[Table, ...]:
+    """``virtlab compare RUN --paper``: the run judged against a plan's [paper] (``plan``, or the
+    one it was run with), as the report's two tables; the run's results.json is not changed."""
+    from virtlab.export.paper import paper_tables
+    from virtlab.paper import paper_section, run_facts
+    from virtlab.results import Results, load_results
+
+    plan = plan or stored_plan(directory, store)
+    if plan.paper is None:
+        raise InputError(
+            plan.source, "has no [paper]", "add the paper's figures and findings, or give --plan"
+        )
+    results = load_results(directory)
+    study = study_class(plan)(plan, directory, store, None, SilentProgress())  # type: ignore[arg-type]
+    section = paper_section(plan.paper, study.paper_figures_of(results), run_facts(results))
+    return paper_tables(Results.from_dict({**results.document, "paper": section}))
