@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,8 +167,14 @@ def test_this_machine_reaches_them_through_the_fleet_bridge(fleet):
     assert f"inet {fleet.root_address}" in network.run_ip(
         ["-o", "-4", "addr", "show", "dev", fleet.root_link]
     )
-    done = ssh(fleet, fleet.hosts[0].address, "sh", "-c", 'echo "$SSH_CONNECTION"')
-    assert done.stdout.split()[:1] == [str(fleet.root_address.ip)]
+    done = subprocess.run(
+        fleet.ssh_command("fleet-1", ["sh", "-c", 'echo "$SSH_CONNECTION"']), capture_output=True, text=True
+    )
+    assert done.stdout.split()[:3] == [
+        str(fleet.root_address.ip),
+        done.stdout.split()[1],
+        fleet.hosts[0].address,
+    ]
 
 
 def test_two_hosts_reach_each_other(fleet):
@@ -245,6 +252,17 @@ def test_inventory_names_the_fleet(fleet):
     assert shlex.split(shared["ansible_ssh_common_args"]) == [
         "-o", f"UserKnownHostsFile={fleet.known_hosts}", "-o", "StrictHostKeyChecking=yes",
     ]  # fmt: skip
+    # And ansible itself logs into every host with these values, the host keys checked strictly.
+    ansible = Path(sys.executable).with_name("ansible")
+    if ansible.exists():
+        done = subprocess.run(
+            [str(ansible), "-i", str(fleet.inventory), "fleet", "-m", "command", "-a", "hostname", "-o"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True"},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        for host in fleet.hosts:
+            assert f"{host.name} | CHANGED | rc=0 | (stdout) {host.name}" in done.stdout
 
 
 def test_a_stopped_sshd_comes_back_with_the_same_key(fleet):
@@ -278,12 +296,56 @@ def test_up_refuses_a_count_out_of_range(count, tmp_path):
     assert not (tmp_path / "lab").exists()
 
 
+def test_up_avoids_the_networks_this_machine_has(tmp_path):
+    probe = fleet_mod.up(1, tmp_path / "probe")
+    fleet_mod.down(probe.dir)
+    # This machine now has an address in the subnet the next fleet would have taken.
+    network.run_ip(["link", "add", "vlfleet-test", "type", "bridge"])
+    try:
+        network.run_ip(
+            ["addr", "add", f"{probe.subnet[200]}/{probe.subnet.prefixlen}", "dev", "vlfleet-test"]
+        )
+        made = fleet_mod.up(1, tmp_path / "lab")
+        fleet_mod.down(made.dir)
+        assert made.subnet.subnet_of(FLEET_RANGE) and not made.subnet.overlaps(probe.subnet)
+    finally:
+        network.run_ip(["link", "del", "vlfleet-test"])
+
+
 def test_down_where_there_is_no_fleet_is_fine(tmp_path):
     result = runner.invoke(fleet_app, ["down", str(tmp_path)])
     assert result.exit_code == 0 and "no fleet in" in result.output
 
 
 # ----------------------------------------------------------------------------- failures and down
+
+
+def test_down_never_kills_a_reused_pid(tmp_path):
+    """A recorded sshd pid now held by another process (another start time) is left alone; the
+    process that really is the recorded one is stopped."""
+    stranger = subprocess.Popen(["sleep", "300"])
+    mine = subprocess.Popen(["sleep", "300"])
+    try:
+        record = {
+            "format": "virtlab-fleet", "version": 1, "id": "zzzz", "dir": str(tmp_path),
+            "subnet": "10.198.255.0/24", "created_dir": False,
+            "hosts": [
+                {"name": f"fleet-{i}", "netns": f"vlfleet-zzzz-{i}", "address": f"10.198.255.{10 + i}",
+                 "workdir": str(tmp_path / f"fleet-{i}"), "sshd_dir": str(tmp_path / "sshd" / f"fleet-{i}"),
+                 "sshd_pid": process.pid, "sshd_start": network.process_start_time(process.pid) + offset}
+                for i, (process, offset) in enumerate([(stranger, 1), (mine, 0)], start=1)
+            ],
+        }  # fmt: skip
+        (tmp_path / "fleet.json").write_text(json.dumps(record))
+        result = runner.invoke(fleet_app, ["down", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+        assert mine.wait(timeout=10) == -15  # SIGTERM
+        assert stranger.poll() is None
+        assert not (tmp_path / "fleet.json").exists() and tmp_path.exists()  # not made by up: it stays
+    finally:
+        stranger.kill()
+        mine.kill()
+        stranger.wait()
 
 
 def test_a_failure_part_way_leaves_nothing(tmp_path, monkeypatch):
@@ -303,6 +365,17 @@ def test_a_failure_part_way_leaves_nothing(tmp_path, monkeypatch):
     assert not network.process_running(first["sshd_pid"], first["sshd_start"])  # ...and is gone
     assert leftovers(saved[-1]["id"], directory) == []
     assert not directory.exists()
+
+
+def test_down_finds_a_fleet_whose_directory_was_deleted(tmp_path):
+    directory = tmp_path / "gone"
+    made = fleet_mod.up(1, directory)
+    shutil.rmtree(directory)  # its sshd and namespaces live on
+    assert network.process_running(made.hosts[0].sshd_pid, made.hosts[0].sshd_start)
+    result = runner.invoke(fleet_app, ["down", str(directory)])
+    assert result.exit_code == 0 and f"removed fleet {made.id}" in result.output
+    assert leftovers(made.id, directory) == []
+    assert not network.process_running(made.hosts[0].sshd_pid, made.hosts[0].sshd_start)
 
 
 def test_down_removes_everything_and_twice_is_fine(fleet):

@@ -29,13 +29,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -66,9 +67,11 @@ KNOWN_HOSTS_FILE = "known_hosts"
 AUTHORIZED_KEYS_FILE = "authorized_keys"
 SSHD_DIR = "sshd"
 GROUP = "fleet"
+SYSTEM_PYTHON = "/usr/bin/python3"
 FORMAT_VERSION = 1
 _STOP_TIMEOUT_S = 5.0
 _SSHD_LAUNCH_TIMEOUT_S = 30.0
+_PID_FILE_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
@@ -180,13 +183,12 @@ class Fleet:
         )
 
     def ssh_command(self, name: str, argv: Sequence[str]) -> list[str]:
-        """``ssh`` into host ``name`` running ``argv``, the host key checked against the fleet's."""
+        """``ssh`` into host ``name`` running ``argv``, the host key checked against the fleet's;
+        ``argv`` is quoted for the remote shell, which parses the command line ssh sends."""
         host = self.host(name)
         return [
-            "ssh", "-i", str(self.identity_file), "-p", str(host.port),
-            "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-            f"{USER}@{host.address}", "--", *argv,
+            "ssh", "-i", str(self.identity_file), "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", f"{USER}@{host.address}", shlex.join(argv),
         ]  # fmt: skip
 
     def describe(self) -> str:
@@ -290,7 +292,8 @@ def up(count: int, directory: Path, *, sshd_options: Mapping[str, Sequence[str]]
 def down(directory: Path) -> Fleet | None:
     """Stop every sshd and process of the fleet in ``directory``, delete its namespaces, veths,
     bridge and files; the fleet it removed, or None where there was none (not an error)."""
-    fleet = read_fleet(directory.absolute())
+    directory = directory.absolute()
+    fleet = read_fleet(directory) or _registered_fleet(directory)
     if fleet is not None:
         _teardown(fleet)
     return fleet
@@ -338,19 +341,27 @@ def _reserve(count: int, directory: Path, created_dir: bool) -> Fleet:
         while fleet_id in taken_ids or any(name.startswith(NAME_PREFIX + fleet_id) for name in names):
             fleet_id = secrets.token_hex(2)
         subnet = _free_subnet({ipaddress.IPv4Network(record["subnet"]) for record in records})
-        fleet = Fleet(fleet_id, directory, subnet, created_dir)
-        fleet.hosts = [
-            FleetHost(
-                name=f"{GROUP}-{i}",
-                netns=f"{fleet.bridge_netns}-{i}",
-                address=str(subnet[HOST_OFFSET + i]),
-                workdir=directory / f"{GROUP}-{i}",
-                sshd_dir=directory / SSHD_DIR / f"{GROUP}-{i}",
-            )
-            for i in range(1, count + 1)
-        ]
+        fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1))
         fleet.save()
         _write_registry(fleet)
+    return fleet
+
+
+def _planned(
+    fleet_id: str, directory: Path, subnet: ipaddress.IPv4Network, created_dir: bool, numbers: Iterable[int]
+) -> Fleet:
+    """The fleet's names and addresses, hosts ``fleet-<i>`` for i in ``numbers``."""
+    fleet = Fleet(fleet_id, directory, subnet, created_dir)
+    fleet.hosts = [
+        FleetHost(
+            name=f"{GROUP}-{i}",
+            netns=f"{fleet.bridge_netns}-{i}",
+            address=str(subnet[HOST_OFFSET + i]),
+            workdir=directory / f"{GROUP}-{i}",
+            sshd_dir=directory / SSHD_DIR / f"{GROUP}-{i}",
+        )
+        for i in numbers
+    ]
     return fleet
 
 
@@ -446,17 +457,22 @@ def _start_sshd(fleet: Fleet, host: FleetHost, extra: Sequence[str]) -> None:
         raise FleetError(f"{host.name}: sshd exited with status {launched.returncode}:\n{said}")
 
     def ended() -> str | None:
-        pid = _read_pid(host.pid_file)
-        return None if pid is None or vnet.process_running(pid) else f"{host.name}: sshd (pid {pid}) ended"
+        # The daemon is the only process in the host (stop_sshd leaves none): when the host is
+        # empty, it died before it could listen (a bind that failed, say) and wrote no pid file.
+        return None if _namespace_processes(host.netns) else f"{host.name}: sshd ended before it listened"
 
     try:
         testhost.wait_for_sshd(host.address, host.port, host.sshd_log, ended)
     except testhost.TestHostError as error:
         raise FleetError(str(error)) from None
-    # The pid file is written after the bind, so it is there once the address answers.
-    pid = _read_pid(host.pid_file)
-    if pid is None:
-        raise FleetError(f"{host.name}: sshd listens on {host.address} but wrote no pid to {host.pid_file}")
+    # sshd writes its pid file just after it starts listening: the address may answer a moment sooner.
+    deadline = time.monotonic() + _PID_FILE_TIMEOUT_S
+    while (pid := _read_pid(host.pid_file)) is None:
+        if time.monotonic() > deadline:
+            raise FleetError(
+                f"{host.name}: sshd listens on {host.address} but wrote no pid to {host.pid_file}"
+            )
+        time.sleep(0.01)
     _update(fleet, replace(host, sshd_pid=pid, sshd_start=vnet.process_start_time(pid)))
 
 
@@ -478,13 +494,12 @@ def inventory_text(fleet: Fleet) -> str:
         )
     # Group values are read by ansible as Python literals: repr() quotes them whatever they hold.
     ssh_args = f"-o UserKnownHostsFile={shlex.quote(str(fleet.known_hosts))} -o StrictHostKeyChecking=yes"
-    lines += [
-        "",
-        f"[{GROUP}:vars]",
-        f"virtlab_known_hosts={str(fleet.known_hosts)!r}",
-        f"ansible_ssh_common_args={ssh_args!r}",
-        "",
-    ]
+    lines += ["", f"[{GROUP}:vars]", f"virtlab_known_hosts={str(fleet.known_hosts)!r}",
+              f"ansible_ssh_common_args={ssh_args!r}"]  # fmt: skip
+    if Path(SYSTEM_PYTHON).exists():
+        # The hosts share this machine's files: its python is theirs, no discovery needed.
+        lines.append(f"ansible_python_interpreter={SYSTEM_PYTHON!r}")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -513,10 +528,10 @@ def _teardown(fleet: Fleet) -> None:
         for host in fleet.hosts:
             if host.uts.exists():
                 subprocess.run(["umount", str(host.uts)], capture_output=True, timeout=30, check=False)
-                host.uts.unlink(missing_ok=True)
-    _remove_files(fleet)
-    if ours:
-        (REGISTRY_DIR / f"{fleet.id}.json").unlink(missing_ok=True)
+                try:
+                    host.uts.unlink()
+                except OSError:
+                    pass  # still mounted: named below
     left = [f"pid {pid}" for pid, _ in survivors]
     if ours:
         names = [*(h.netns for h in fleet.hosts), fleet.bridge_netns]
@@ -524,7 +539,11 @@ def _teardown(fleet: Fleet) -> None:
         left += [f"link {name}" for name in vnet.link_names() if name == fleet.root_link]
         left += [f"hostname namespace {h.uts}" for h in fleet.hosts if h.uts.exists()]
     if left:
+        # fleet.json and the registry record stay, so that ``down`` can be tried again.
         raise FleetError(f"{fleet.dir}: could not remove {', '.join(left)}")
+    _remove_files(fleet)
+    if ours:
+        (REGISTRY_DIR / f"{fleet.id}.json").unlink(missing_ok=True)
 
 
 def _remove_files(fleet: Fleet) -> None:
@@ -621,6 +640,19 @@ def _registry_records() -> Iterator[dict[str, str]]:
             yield {"id": str(record["id"]), "dir": str(record["dir"]), "subnet": str(record["subnet"])}
         except (OSError, ValueError, KeyError, TypeError):
             continue  # half-written by a crash: its id stays taken by its namespaces' names
+
+
+def _registered_fleet(directory: Path) -> Fleet | None:
+    """The fleet the registry gives to ``directory`` when its fleet.json is gone (the directory was
+    deleted under a live fleet): its hosts are the namespaces that exist under its id."""
+    for record in _registry_records():
+        if record["dir"] == str(directory):
+            pattern = re.compile(rf"^{re.escape(NAME_PREFIX + record['id'])}-(\d+)(\.uts)?$")
+            names = [*vnet.named_netns(), *(path.name for path in REGISTRY_DIR.iterdir())]
+            numbers = {int(match[1]) for match in map(pattern.match, names) if match}
+            subnet = ipaddress.IPv4Network(record["subnet"])
+            return _planned(record["id"], directory, subnet, False, sorted(numbers) or [1])
+    return None
 
 
 def _registry_dir(fleet_id: str) -> str | None:
