@@ -275,7 +275,7 @@ def test_teardown_and_the_test_host_leave_nothing_behind(tmp_path, kernel_build)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # sshd and the holder are gone
     assert netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not files.exists()
-    assert not [name for name in network._root_link_names() if name.startswith(netns)]
+    assert not [name for name in network.link_names() if name.startswith(netns)]
 
 
 def test_two_test_hosts_share_one_network_and_reach_each_other():

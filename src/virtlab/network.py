@@ -95,11 +95,11 @@ class VirtualNetwork:
     @classmethod
     def create(cls, mtu: int = DEFAULT_MTU) -> VirtualNetwork:
         """A new network owned by this process; leftovers of dead owners are removed first."""
-        _check_host()
-        with _state_lock():
+        check_host()
+        with directory_lock(STATE_DIR):
             _cleanup_locked()
             taken = {record["subnet"] for record in _records()}
-            ids = {record["netns"] for record in _records()} | set(_named_netns())
+            ids = {record["netns"] for record in _records()} | set(named_netns())
             subnet = next((s for s in RANGE.subnets(new_prefix=SUBNET_PREFIX) if str(s) not in taken), None)
             if subnet is None:
                 raise NetworkError(f"every /{SUBNET_PREFIX} of {RANGE} is in use by a live network")
@@ -109,11 +109,7 @@ class VirtualNetwork:
             network = cls(network_id, subnet, mtu)
             network._save()  # before creating anything: a crash from here on leaves a record
         try:
-            _ip(["netns", "add", network.netns])
-            _ip(["-n", network.netns, "link", "set", "lo", "up"])
-            _ip(["-n", network.netns, "link", "add", BRIDGE, "mtu", str(mtu), "type", "bridge",
-                 "forward_delay", "0", "stp_state", "0"])  # fmt: skip
-            _ip(["-n", network.netns, "link", "set", BRIDGE, "up"])
+            add_bridge_namespace(network.netns, mtu)
         except BaseException:
             network.destroy()
             raise
@@ -125,7 +121,7 @@ class VirtualNetwork:
             # Ports are deleted one by one because a namespace is destroyed in the background:
             # a veth's far end would outlive ``ip netns del`` for a moment.
             for attachment in self.attachments:
-                _ip(["-n", self.netns, "link", "del", attachment.port], check=False)
+                run_ip(["-n", self.netns, "link", "del", attachment.port], check=False)
             _remove({"netns": self.netns, "root_links": self._root_links()})
             self.attachments.clear()
 
@@ -178,11 +174,7 @@ class VirtualNetwork:
             self.attachments.append(attachment)
             self._save()
         self._forget_neighbour(interface.ip)
-        peer_ns = str(os.getpid()) if target is None else str(target)
-        _ip(["-n", self.netns, "link", "add", port, "mtu", str(mtu), "master", BRIDGE, "up",
-             "type", "veth", "peer", "name", ifname, "mtu", str(mtu), "netns", peer_ns])  # fmt: skip
-        # Addresses are set after the move: moving a link to another namespace drops them.
-        _ip_in(target, ["addr", "add", str(interface), "dev", ifname], ["link", "set", ifname, "up"])
+        add_veth(self.netns, port, target, ifname, interface, mtu)
         return attachment
 
     def host_attachment(self) -> Attachment:
@@ -198,8 +190,8 @@ class VirtualNetwork:
         descriptor keeps working) into the network's namespace, as a port of the bridge."""
         _check_ifname(link)
         mtu = mtu or self.mtu
-        _ip(["link", "set", link, "netns", self.netns])
-        _ip(["-n", self.netns, "link", "set", link, "mtu", str(mtu), "master", BRIDGE, "up"])
+        run_ip(["link", "set", link, "netns", self.netns])
+        run_ip(["-n", self.netns, "link", "set", link, "mtu", str(mtu), "master", BRIDGE, "up"])
         attachment = Attachment(link, link, self.netns, None, mtu)
         with self._lock:
             self.attachments.append(attachment)
@@ -207,7 +199,7 @@ class VirtualNetwork:
 
     def detach(self, attachment: Attachment) -> None:
         """Delete the port (a veth's other end goes with it); a port already gone is no error."""
-        _ip(["-n", self.netns, "link", "del", attachment.port], check=False)
+        run_ip(["-n", self.netns, "link", "del", attachment.port], check=False)
         with self._lock:
             if attachment in self.attachments:
                 self.attachments.remove(attachment)
@@ -251,7 +243,7 @@ class VirtualNetwork:
         with self._lock:
             joined = any(a.target is None for a in self.attachments)
         if joined:
-            _ip(["neigh", "flush", "to", str(ip)], check=False)
+            run_ip(["neigh", "flush", "to", str(ip)], check=False)
 
     def _root_links(self) -> list[str]:
         return [a.ifname for a in self.attachments if a.target is None]
@@ -275,6 +267,30 @@ _shared: VirtualNetwork | None = None
 _shared_lock = threading.RLock()
 
 
+# --------------------------------------------------------------------------- building blocks
+
+
+def add_bridge_namespace(netns: str, mtu: int = DEFAULT_MTU) -> None:
+    """Named namespace ``netns`` holding bridge ``br0``, up (what a VirtualNetwork and a fleet stand on)."""
+    run_ip(["netns", "add", netns])
+    run_ip(["-n", netns, "link", "set", "lo", "up"])
+    run_ip(["-n", netns, "link", "add", BRIDGE, "mtu", str(mtu), "type", "bridge",
+            "forward_delay", "0", "stp_state", "0"])  # fmt: skip
+    run_ip(["-n", netns, "link", "set", BRIDGE, "up"])
+
+
+def add_veth(
+    netns: str, port: str, target: Target, ifname: str, interface: ipaddress.IPv4Interface, mtu: int
+) -> None:
+    """A veth pair: ``port`` on the bridge of namespace ``netns``, ``ifname`` in ``target`` (None =
+    this process's namespace, a PID or a netns name) with address ``interface``; both ends up."""
+    peer_ns = str(os.getpid()) if target is None else str(target)
+    run_ip(["-n", netns, "link", "add", port, "mtu", str(mtu), "master", BRIDGE, "up",
+            "type", "veth", "peer", "name", ifname, "mtu", str(mtu), "netns", peer_ns])  # fmt: skip
+    # Addresses are set after the move: moving a link to another namespace drops them.
+    run_ip_in(target, ["addr", "add", str(interface), "dev", ifname], ["link", "set", ifname, "up"])
+
+
 # --------------------------------------------------------------------------- leftovers
 
 
@@ -283,7 +299,7 @@ def cleanup_leftovers() -> list[str]:
     live network records; returns the names removed."""
     if missing_tools():
         return []
-    with _state_lock():
+    with directory_lock(STATE_DIR):
         return _cleanup_locked()
 
 
@@ -297,23 +313,23 @@ def _cleanup_locked() -> list[str]:
             continue
         _remove(record)
         removed.append(record["netns"])
-    for name in _named_netns():
+    for name in named_netns():
         if name.startswith(PREFIX) and name not in live and name not in removed:
-            _ip(["netns", "del", name], check=False)
+            run_ip(["netns", "del", name], check=False)
             removed.append(name)
-    for link in _root_link_names():
+    for link in link_names():
         # A network's root-side links are named after it: virtlab-<id>-<n>.
         if link.startswith(PREFIX) and link not in live and link.rsplit("-", 1)[0] not in live:
-            _ip(["link", "del", link], check=False)
+            run_ip(["link", "del", link], check=False)
             removed.append(link)
     return removed
 
 
 def _remove(record: dict[str, Any]) -> None:
     for link in record.get("root_links", []):
-        _ip(["link", "del", link], check=False)
+        run_ip(["link", "del", link], check=False)
     if _exists(record["netns"]):
-        _ip(["netns", "del", record["netns"]], check=False)
+        run_ip(["netns", "del", record["netns"]], check=False)
     (STATE_DIR / f"{record['netns']}.json").unlink(missing_ok=True)
 
 
@@ -326,9 +342,10 @@ def _records() -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
-def _state_lock() -> Iterator[None]:
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / ".lock", "w") as handle:
+def directory_lock(directory: Path) -> Iterator[None]:
+    """Exclusive use of the records in ``directory`` (made if missing), between processes too."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
@@ -342,18 +359,31 @@ def owner_alive(pid: int | None, start: int | None) -> bool:
 
 
 def process_start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def process_running(pid: int, start: int | None = None) -> bool:
+    """Whether process ``pid`` runs (and is the one that started at ``start``, when given): a zombie
+    (ended, not yet reaped by a parent that may never do it) counts as ended."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z" and (start is None or int(fields[19]) == start)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command name, from the state on; None: no such process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may hold spaces and parentheses: fields are counted after the last ')'.
-    return int(text.rsplit(")", 1)[1].split()[19])
+    return text.rsplit(")", 1)[1].split()
 
 
 # --------------------------------------------------------------------------- iproute2
 
 
-def _check_host() -> None:
+def check_host() -> None:
     missing = missing_tools()
     if missing:
         raise NetworkError(f"virtlab's network needs {', '.join(missing)}: apt-get install "
@@ -367,18 +397,18 @@ def _check_ifname(name: str) -> None:
         raise NetworkError(f"bad interface name {name!r}: 1-15 of letters, digits, '_', '.', '-'")
 
 
-def _ip(args: list[str], check: bool = True) -> str:
+def run_ip(args: list[str], check: bool = True) -> str:
     return _run(["ip", *args], check)
 
 
-def _ip_in(target: Target, *commands: list[str]) -> None:
+def run_ip_in(target: Target, *commands: list[str]) -> None:
     for command in commands:
         if target is None:
-            _ip(command)
+            run_ip(command)
         elif isinstance(target, int):
             _run(["nsenter", f"--net=/proc/{target}/ns/net", "ip", *command], check=True)
         else:
-            _ip(["-n", target, *command])
+            run_ip(["-n", target, *command])
 
 
 def _run(argv: list[str], check: bool) -> str:
@@ -391,17 +421,17 @@ def _run(argv: list[str], check: bool) -> str:
     return done.stdout
 
 
-def _named_netns() -> list[str]:
-    return [line.split()[0] for line in _ip(["netns", "list"], check=False).splitlines() if line.strip()]
+def named_netns() -> list[str]:
+    return [line.split()[0] for line in run_ip(["netns", "list"], check=False).splitlines() if line.strip()]
 
 
 def _exists(netns: str) -> bool:
-    return netns in _named_netns()
+    return netns in named_netns()
 
 
-def _root_link_names() -> list[str]:
+def link_names() -> list[str]:
     names = []
-    for line in _ip(["-o", "link", "show"], check=False).splitlines():
+    for line in run_ip(["-o", "link", "show"], check=False).splitlines():
         parts = line.split(":", 2)
         if len(parts) >= 2:
             names.append(parts[1].strip().split("@", 1)[0])

@@ -20,6 +20,10 @@ Several hosts may share one network (``SshTestHost(net)``); this namespace's por
 by the first and removed with that one, so stop them in reverse order (nested ``with``).
 
 Only the network is separate: the "host" shares this machine's filesystem, users and processes.
+
+The pieces of a test host that outlive no process are shared with ``virtlab.fleet`` (hosts that
+outlive the command that made them): ``make_key``, ``sshd_config``, ``known_hosts_line`` and
+``wait_for_sshd``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from virtlab import network as vnet
@@ -56,6 +61,16 @@ def missing_tools() -> dict[str, str]:
     found = {tool: shutil.which(tool) or (tool == "sshd" and os.access(SSHD, os.X_OK)) for tool in TOOLS}
     missing = {tool: package for tool, package in TOOLS.items() if not found[tool]}
     return {**missing, **vnet.missing_tools()}
+
+
+def check_tools() -> None:
+    """Raise TestHostError naming the programs missing for a test host, and their packages."""
+    missing = missing_tools()
+    if missing:
+        raise TestHostError(
+            f"a test host needs {', '.join(sorted(missing))}: "
+            f"apt-get install {' '.join(sorted(set(missing.values())))}"
+        )
 
 
 class SshTestHost:
@@ -106,10 +121,9 @@ class SshTestHost:
 
     def known_hosts_line(self, public_key: str | None = None) -> str:
         """The known_hosts line for this host's key (or for another key, to fake a mismatch)."""
-        key = public_key or self.host_key.with_suffix(".pub").read_text()
-        kind, blob = key.split()[:2]
-        name = self.address if self.port == 22 else f"[{self.address}]:{self.port}"
-        return f"{name} {kind} {blob}\n"
+        return known_hosts_line(
+            self.address, self.port, public_key or self.host_key.with_suffix(".pub").read_text()
+        )
 
     # -- inside the "host" -------------------------------------------------------------------
     @property
@@ -137,12 +151,7 @@ class SshTestHost:
 
     # -- life cycle --------------------------------------------------------------------------
     def start(self) -> SshTestHost:
-        missing = missing_tools()
-        if missing:
-            raise TestHostError(
-                f"a test host needs {', '.join(sorted(missing))}: "
-                f"apt-get install {' '.join(sorted(set(missing.values())))}"
-            )
+        check_tools()
         try:
             self.dir = Path(tempfile.mkdtemp(prefix="virtlab-testhost-"))
             self._make_keys()
@@ -199,36 +208,8 @@ class SshTestHost:
 
     def _make_keys(self) -> None:
         for path in (self.host_key, self.identity_file):
-            subprocess.run(
-                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "virtlab-testhost", "-f", str(path)],
-                check=True,
-                capture_output=True,
-            )
+            make_key(path, "virtlab-testhost")
         shutil.copyfile(self.identity_file.with_suffix(".pub"), self._path("authorized_keys"))
-
-    def _sshd_config(self) -> str:
-        return "\n".join(
-            [
-                f"ListenAddress {self.address}:{self.port}",
-                f"HostKey {self.host_key}",
-                f"PidFile {self._path('sshd.pid')}",
-                f"AuthorizedKeysFile {self._path('authorized_keys')}",
-                f"AllowUsers {self.user}",
-                "PermitRootLogin prohibit-password",
-                "PubkeyAuthentication yes",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                # The keys live in a temporary directory whose modes sshd would otherwise refuse.
-                "StrictModes no",
-                # One ssh environment multiplexes its commands over one connection (ControlMaster).
-                "MaxSessions 64",
-                "X11Forwarding no",
-                "Subsystem sftp internal-sftp",
-                "LogLevel INFO",
-                "",
-            ]
-        )
 
     def stop_sshd(self) -> None:
         """sshd and every session it serves end (a host whose sshd went away); the host stays."""
@@ -248,7 +229,16 @@ class SshTestHost:
 
     def _start_sshd(self) -> None:
         config = self._path("sshd_config")
-        config.write_text(self._sshd_config())
+        config.write_text(
+            sshd_config(
+                address=self.address,
+                port=self.port,
+                host_key=self.host_key,
+                pid_file=self._path("sshd.pid"),
+                authorized_keys=self._path("authorized_keys"),
+                user=self.user,
+            )
+        )
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
         with open(self.sshd_log, "wb") as log:
             self.sshd = subprocess.Popen(
@@ -258,22 +248,100 @@ class SshTestHost:
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,
             )
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            if self.sshd.poll() is not None:
+        sshd = self.sshd
+        wait_for_sshd(
+            self.address,
+            self.port,
+            self.sshd_log,
+            lambda: None if sshd.poll() is None else f"sshd exited with status {sshd.returncode}",
+        )
+
+
+# --------------------------------------------------------------------------- shared with the fleet
+
+
+def make_key(path: Path, comment: str) -> None:
+    """A new passphrase-less ed25519 key pair: ``path`` (mode 0600, as ssh-keygen writes it) and
+    ``path.pub``."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        stdin=subprocess.DEVNULL,  # an existing key makes it ask whether to overwrite: the answer is no
+        check=True,
+        capture_output=True,
+    )
+
+
+def known_hosts_line(address: str, port: int, public_key: str) -> str:
+    """The known_hosts line naming ``address`` (and ``port`` unless 22) with ``public_key``."""
+    kind, blob = public_key.split()[:2]
+    name = address if port == 22 else f"[{address}]:{port}"
+    return f"{name} {kind} {blob}\n"
+
+
+def sshd_config(
+    *,
+    address: str,
+    port: int,
+    host_key: Path,
+    pid_file: Path,
+    authorized_keys: Path,
+    user: str,
+    extra: Sequence[str] = (),
+) -> str:
+    """An sshd_config that listens on ``address:port`` only and lets ``user`` in with the keys of
+    ``authorized_keys`` only (root too, never with a password); ``extra``: more lines."""
+    return "\n".join(
+        [
+            f"ListenAddress {address}:{port}",
+            f"HostKey {host_key}",
+            f"PidFile {pid_file}",
+            f"AuthorizedKeysFile {authorized_keys}",
+            f"AllowUsers {user}",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            # The keys live in a directory of the user's choosing whose modes sshd would otherwise refuse.
+            "StrictModes no",
+            # One ssh environment multiplexes its commands over one connection (ControlMaster).
+            "MaxSessions 64",
+            "X11Forwarding no",
+            "Subsystem sftp internal-sftp",
+            "LogLevel INFO",
+            *extra,
+            "",
+        ]
+    )
+
+
+def wait_for_sshd(
+    address: str, port: int, log: Path, ended: Callable[[], str | None], timeout_s: float = _START_TIMEOUT_S
+) -> None:
+    """Returns once ``address:port`` accepts connections; raises TestHostError with sshd's ``log``
+    when ``ended()`` says why sshd is gone (None while it may still come) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reason = ended()
+        if reason is not None:
+            raise TestHostError(f"{reason}:\n{read_log(log)}")
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
                 raise TestHostError(
-                    f"sshd exited with status {self.sshd.returncode}:\n{self.sshd_log.read_text()}"
-                )
-            try:
-                with socket.create_connection((self.address, self.port), timeout=0.5):
-                    return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TestHostError(
-                        f"sshd does not listen on {self.address}:{self.port} after {_START_TIMEOUT_S:g} s:\n"
-                        f"{self.sshd_log.read_text()}"
-                    ) from None
-                time.sleep(0.05)
+                    f"sshd does not listen on {address}:{port} after {timeout_s:g} s:\n{read_log(log)}"
+                ) from None
+            time.sleep(0.05)
+
+
+def read_log(log: Path) -> str:
+    """What sshd logged so far ("" when it wrote nothing), for an error message."""
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
