@@ -284,7 +284,10 @@ BAD_PLANS = [
     ([("guests = 2\n\n[[priority", "guests = 0\n\n[[priority")], "priority.configuration.0.guests",
      "guests running"),
     ([('kind = "vm"\nvcpus = 1', 'kind = "native"')], "exactly one [[environment]]", "vm or container"),
-    ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = 1')], None, None),  # nice in a container: fine
+    ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = 1')], "nice does not reach across containers",
+     "cpu_shares"),
+    ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = [0]'), ("nice = -20", "cpu_shares = 8192")],
+     None, None),  # a cgroup weight is how priority reaches across containers
     ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = 1'), ("nice = -20", "cpu_shares = 8192")],
      "CPU quota", "cpus as a list"),
     ([("[priority]", '[[workload]]\nname = "pi"\nkind = "pi"\n\n[priority]')], "one [[workload]]", None),

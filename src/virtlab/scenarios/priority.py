@@ -539,11 +539,21 @@ class PriorityScenario(RunsStudy):
                 where = f"priority.configuration ({configuration.name}).control.{guest}"
                 if template.kind == "container" and spec.pin_vcpus is not None:
                     problems.append((where, "pin_vcpus: a container has no vCPUs", "use pin_process"))
+                if template.kind == "container" and spec.nice is not None:
+                    # Measured: 3 runc containers on 2 CPUs, guest 3 at nice -20, did not finish
+                    # first. nice orders processes within one CPU cgroup; the kernel shares CPU
+                    # between cgroups by their weight, and every container has a cgroup of its own.
+                    problems.append(
+                        (where, "nice does not reach across containers: each container guest has its own "
+                         "CPU cgroup, and the kernel shares CPU between cgroups by weight",
+                         "use cpu_shares (cgroup v1) or cpu_weight (v2), e.g. { cpu_shares = 8192 }, "
+                         "with the container's cpus as a list of CPU ids")
+                    )  # fmt: skip
                 quota = limit.quota_us if (limit := template.options.offers(CpuLimit)) else None
                 if template.kind == "container" and spec.needs_cgroup and quota is not None:
                     problems.append(
                         (where, "a cgroup control would move the workload out of the container's CPU quota",
-                         "use nice, or give the container cpus as a list of CPU ids")
+                         "give the container cpus as a list of CPU ids")
                     )  # fmt: skip
         return problems
 
