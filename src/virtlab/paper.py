@@ -336,9 +336,10 @@ def judge_findings(
 
 GRID_FIGURES = ("value", "overhead")
 """The figures every study's cells give to rules (``run_figures``)."""
-NO_SUCH_KIND = ("xen", "hyperv", "esxi")
-"""Hypervisors the seeds measured that virtlab has no environment kind for: a finding that needs
-one cannot be measured by virtlab anywhere."""
+HYPERVISOR_FACTS = {"xen": "xen", "hyperv": "microsoft", "esxi": "vmware"}
+"""Hypervisors the seeds measured that virtlab has no kind for, by the name an ``ssh``
+environment's manifest gives what its host runs on (``virtualization``: systemd-detect-virt, or
+DMI): a finding that needs one holds only where the run reached such a guest over SSH."""
 
 
 def run_figures(results: Results) -> dict[str, Figure]:
@@ -374,8 +375,8 @@ def run_figures(results: Results) -> dict[str, Figure]:
 
 def run_facts(results: Results) -> dict[str, float | bool | None]:
     """What the run's host was, as the findings' needs name it: its NUMA nodes and cores (from the
-    metadata), whether its VMs ran under KVM (None: no VM ran), and False for the hypervisors
-    virtlab has no kind for."""
+    metadata), whether its VMs ran under KVM (None: no VM ran), and for Xen, Hyper-V and ESXi
+    whether an ``ssh`` environment of the run was a guest of one (as it detected itself)."""
     host = results.metadata.host
     accelerators = {
         str((environment.manifest or {}).get("accelerator", "")).split(" ")[0]
@@ -387,7 +388,12 @@ def run_facts(results: Results) -> dict[str, float | bool | None]:
         "cores": host.get("cores"),
         "kvm": ("kvm" in accelerators) if accelerators else None,
     }
-    facts.update({kind: False for kind in NO_SUCH_KIND})
+    seen = {
+        str((environment.manifest or {}).get("virtualization") or "").split(" ")[0]
+        for environment in results.environments
+        if environment.kind == "ssh" and environment.status == "ok"
+    }
+    facts.update({fact: name in seen for fact, name in HYPERVISOR_FACTS.items()})
     return facts
 
 
