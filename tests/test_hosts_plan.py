@@ -1,0 +1,223 @@
+"""Hosts in a plan: ``[[host]]`` tables, an Ansible inventory read by ansible-core (INI and YAML on
+fixed files: groups, a range, group vars, ansible_* variables), and ``host =`` on an environment,
+with the plan errors a user gets (an unknown host, a kind that cannot run on a remote host yet)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from virtlab.environments.native import NativeEnvironment
+from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions
+from virtlab.errors import InputError
+from virtlab.hosts import LOCAL, Host, load_inventory
+from virtlab.plan import Plan, load_plan, parse_plan
+
+DATA = Path(__file__).parent / "data" / "hosts"
+WORKLOAD = '[[workload]]\nname = "p"\nkind = "primes"\nn = 1000\n'
+LAB = (
+    '[[host]]\nname = "lab1"\naddress = "198.18.7.1"\nuser = "bench"\nport = 2200\n'
+    'identity = "keys/lab1"\nknown_hosts = "/etc/virtlab/known_hosts"\nworkdir = "/srv/virtlab"\n'
+    'libvirt_uri = "qemu+ssh://bench@198.18.7.1:2200/system"\ntest_address = "10.9.0.1"\nbridge = "br0"\n\n'
+)
+
+
+def plan(body: str, directory: Path = DATA) -> Plan:
+    # top-level keys (inventory) first: after [study] they would be the study's
+    return parse_plan(f'{body}\n[study]\nname = "s"\n\n{WORKLOAD}', "lab.toml", directory)
+
+
+def refused(body: str, directory: Path = DATA) -> InputError:
+    with pytest.raises(InputError) as caught:
+        plan(body, directory)
+    return caught.value
+
+
+# ----------------------------------------------------------------------------- the inventory
+
+EXPECTED = {
+    "web1": dict(address="web1.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "web2": dict(address="web2.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "web3": dict(address="web3.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "db1": dict(
+        address="10.0.0.21",
+        port=2222,
+        identity=DATA / "keys" / "db_ed25519",
+        workdir="/srv/virtlab",
+        test_address="10.1.0.21",
+        groups=("db", "lab"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ["lab.ini", "lab.yml"])
+def test_an_ansible_inventory_gives_the_hosts_ansible_would_use(name):
+    hosts = {host.name: host for host in load_inventory(DATA / name)}
+    assert sorted(hosts) == ["db1", "here", "web1", "web2", "web3"]  # the range web[1:3] expanded
+    for host_name, values in EXPECTED.items():
+        # lab's group vars reach both groups; web's from group_vars/web.yml, templated
+        expected = Host(name=host_name, known_hosts=DATA / "lab_known_hosts", **values)
+        assert hosts[host_name] == expected
+    # ansible_connection=local is this machine, not reached over SSH
+    assert hosts["here"] == Host("here", groups=("controller",)) and hosts["here"].is_local
+
+
+def test_ini_and_yaml_inventories_of_one_lab_are_the_same_hosts():
+    assert sorted(load_inventory(DATA / "lab.ini"), key=lambda h: h.name) == sorted(
+        load_inventory(DATA / "lab.yml"), key=lambda h: h.name
+    )
+
+
+def test_an_inventory_ansible_cannot_parse_is_bad_input_with_ansible_s_reason(capfd):
+    with pytest.raises(InputError, match="not an inventory Ansible can read") as caught:
+        load_inventory(DATA / "broken.ini")
+    assert "broken.ini" in caught.value.where and "with 'ini' plugin" in caught.value.problem
+    assert capfd.readouterr() == ("", "")  # Ansible's warnings became the message, not output
+    with pytest.raises(InputError, match="no such inventory file"):
+        load_inventory(DATA / "missing.ini")
+
+
+def test_a_connection_virtlab_cannot_use_is_refused():
+    with pytest.raises(InputError, match="ansible_connection=winrm .*OpenSSH only"):
+        load_inventory(DATA / "winrm.ini")
+
+
+def test_bad_inventory_values_are_refused_where_they_are_read(tmp_path):
+    inventory = tmp_path / "bad.ini"
+    inventory.write_text("lab1 ansible_user=-oProxyCommand=x\n")
+    with pytest.raises(InputError, match=r"host lab1: user: .*not a plain name") as caught:
+        load_inventory(inventory)
+    assert caught.value.where == str(inventory)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_host_tables_and_an_inventory_are_the_plan_s_hosts():
+    lab = plan(f'inventory = "lab.ini"\n{LAB}[[environment]]\nname = "n"\nkind = "native"\n')
+    assert [host.name for host in lab.hosts] == ["lab1", "here", "web1", "web2", "web3", "db1"]
+    assert lab.host("lab1") == Host(
+        name="lab1",
+        address="198.18.7.1",
+        user="bench",
+        port=2200,
+        identity=DATA / "keys" / "lab1",  # relative to the plan's directory
+        known_hosts=Path("/etc/virtlab/known_hosts"),
+        libvirt_uri="qemu+ssh://bench@198.18.7.1:2200/system",
+        workdir="/srv/virtlab",
+        test_address="10.9.0.1",
+        bridge="br0",
+    )
+    assert lab.environments[0].host is None and lab.environments[0].cls is NativeEnvironment
+    assert LOCAL.is_local and LOCAL.name == "local"
+
+
+def test_native_on_a_remote_host_is_that_host_over_ssh():
+    lab = plan(
+        f'{LAB}[[environment]]\nname = "here"\nkind = "native"\n\n'
+        '[[environment]]\nname = "there"\nkind = "native"\nhost = "lab1"\nbuild = "copy"\n'
+    )
+    here, there = lab.environments
+    assert (here.host, here.cls) == (None, NativeEnvironment)
+    assert (there.host, there.kind, there.cls) == ("lab1", "native", RemoteNativeEnvironment)
+    assert there.cls.kind == "native" and issubclass(there.cls, SshEnvironment)
+    assert there.options == SshOptions(
+        host="198.18.7.1",
+        user="bench",
+        port=2200,
+        identity_file=DATA / "keys" / "lab1",
+        known_hosts=Path("/etc/virtlab/known_hosts"),
+        workdir_parent="/srv/virtlab",
+        build="copy",
+    )
+    described = there.describe()
+    assert described["host"] == "lab1" and described["kind"] == "native"
+    assert "host" not in here.describe()
+    # a remote host's processes are not this machine's: no controls there
+    error = refused(f'{LAB}[[environment]]\nname = "n"\nkind = "native"\nhost = "lab1"\ncontrol.nice = 5\n')
+    assert "control" in error.problem
+
+
+def test_an_ssh_environment_takes_the_host_s_values_and_its_own_win():
+    lab = plan(f'{LAB}[[environment]]\nname = "r"\nkind = "ssh"\nhost = "lab1"\nport = 22\nuser = "other"\n')
+    [remote] = lab.environments
+    assert remote.host == "lab1" and remote.cls is SshEnvironment
+    assert (remote.options.host, remote.options.port, remote.options.user) == ("198.18.7.1", 22, "other")
+    assert remote.options.identity_file == DATA / "keys" / "lab1"
+    # an ssh environment's host that names no host of the plan is its address, as before hosts
+    [legacy] = plan('[[environment]]\nname = "r"\nkind = "ssh"\nhost = "198.18.9.9"\n').environments
+    assert legacy.host is None and legacy.options.host == "198.18.9.9"
+    assert legacy.options.workdir_parent == "/tmp"
+
+
+def test_an_unknown_host_is_a_plan_error_naming_the_known_ones():
+    error = refused(f'{LAB}[[environment]]\nname = "n"\nkind = "native"\nhost = "lab2"\n')
+    assert error.problem == "environment[0] (n).host: no host named 'lab2'"
+    assert error.fix == "use one of: local, lab1"
+    error = refused('[[environment]]\nname = "n"\nkind = "native"\nhost = "lab2"\n')
+    assert "[[host]]" in error.fix and "inventory" in error.fix
+    # "local" is this machine, by name
+    [env] = plan('[[environment]]\nname = "n"\nkind = "native"\nhost = "local"\n').environments
+    assert env.host is None and env.cls is NativeEnvironment
+
+
+@pytest.mark.parametrize(
+    ("kind", "fix"),
+    [
+        ("container", 'kind = "native" and host = "lab1"'),
+        ("vm", 'uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
+        ("libvirt", 'remove host = and give uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
+    ],
+)
+def test_kinds_that_cannot_run_on_a_remote_host_yet_are_refused_with_what_to_use(kind, fix):
+    error = refused(f'{LAB}[[environment]]\nname = "e"\nkind = "{kind}"\nhost = "lab1"\n')
+    assert (
+        error.problem
+        == f"environment[0] (e).host: a {kind} environment on a remote host (lab1) is not supported yet"
+    )
+    assert fix in error.fix
+
+
+def test_libvirt_refusal_builds_a_uri_when_the_host_gives_none():
+    error = refused(
+        '[[host]]\nname = "lab3"\naddress = "10.0.0.3"\nuser = "root"\n\n'
+        '[[environment]]\nname = "e"\nkind = "libvirt"\nhost = "lab3"\n'
+    )
+    assert 'uri = "qemu+ssh://root@10.0.0.3/system"' in error.fix
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ('[[host]]\nname = "a"\naddress = "x"\ncolour = "red"\n', "host[0] (a).colour: unknown key"),
+        ('[[host]]\nname = "a"\n', "host[0] (a).address: required key is missing"),
+        ('[[host]]\nname = "a"\naddress = "x y"\n', "host[0] (a).address: 'x y' is not a plain name"),
+        ('[[host]]\nname = "a"\naddress = "x"\nport = 0\n', "host[0] (a).port:"),
+        ('[[host]]\nname = "local"\naddress = "x"\n', "host 'local': this name means this machine"),
+        (
+            '[[host]]\nname = "a"\naddress = "x"\n\n[[host]]\nname = "a"\naddress = "y"\n',
+            "host 'a' is declared twice",
+        ),
+        ('inventory = "lab.ini"\n[[host]]\nname = "db1"\naddress = "y"\n', "host 'db1' is declared twice"),
+        ("inventory = 3\n", "inventory must be a file name"),
+    ],
+)
+def test_bad_host_tables_are_plan_errors(body, problem):
+    error = refused(f'{body}\n[[environment]]\nname = "n"\nkind = "native"\n')
+    assert error.problem.startswith(problem), error.problem
+
+
+def test_the_inventory_is_relative_to_the_plan_file(tmp_path, monkeypatch):
+    lab = tmp_path / "lab"
+    shutil.copytree(DATA, lab)
+    path = lab / "plan.toml"
+    path.write_text(f'inventory = "lab.ini"\n[[environment]]\nname = "n"\nkind = "native"\nhost = "db1"\n'
+                    f'[study]\nname = "s"\n{WORKLOAD}')  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # not where the plan is
+    loaded = load_plan(path)
+    assert loaded.environments[0].host == "db1"
+    assert loaded.host("db1").identity == lab / "keys" / "db_ed25519"
+    error = refused('inventory = "nowhere.ini"\n[[environment]]\nname = "n"\nkind = "native"\n', lab)
+    assert error.where == str(lab / "nowhere.ini") and error.problem == "no such inventory file"
