@@ -12,6 +12,7 @@ from rich.console import Console
 
 from virtlab import __version__
 from virtlab.errors import InputError, MachineFault
+from virtlab.hosts.cli import hosts_app
 from virtlab.numa.cli import numa_app
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ console = Console()
 image_app = typer.Typer(help="The guest userland shared by containers and VMs.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 app.add_typer(numa_app, name="numa")
+app.add_typer(hosts_app, name="hosts")
 
 
 @app.command()
