@@ -64,8 +64,11 @@ def test_every_host_is_reached_and_described(fleet, tmp_path):
         assert facts["numa_nodes"] == len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
         assert facts["kvm"] == ("present, not probed" if Path("/dev/kvm").exists() else "absent")
         assert facts["privilege"] == "root"
-        assert facts["runc"] == shutil.which("runc") and facts["libvirt"] == shutil.which("virsh")
-        assert facts["tools"]["iperf3"] == shutil.which("iperf3") and "fio" in facts["tools"]
+        # found or not as here (the remote login's PATH may differ from this process's)
+        assert bool(facts["runc"]) == bool(shutil.which("runc"))
+        assert bool(facts["libvirt"]) == bool(shutil.which("virsh"))
+        assert bool(facts["tools"]["iperf3"]) == bool(shutil.which("iperf3")) and "fio" in facts["tools"]
+        assert facts["tools"]["sh"] and facts["tools"]["cc"]
         # one clock: the offset is within its uncertainty, which is a fraction of a round trip
         assert abs(facts["clock_offset_s"]) <= facts["clock_uncertainty_s"] + 0.002
         assert 0 < facts["clock_uncertainty_s"] < 0.05

@@ -1,6 +1,7 @@
 """Hosts in a plan: ``[[host]]`` tables, an Ansible inventory read by ansible-core (INI and YAML on
 fixed files: groups, a range, group vars, ansible_* variables), and ``host =`` on an environment,
-with the plan errors a user gets (an unknown host, a kind that cannot run on a remote host yet)."""
+with the plan errors a user gets (an unknown host, a kind that cannot run on a remote host yet);
+and what ``hosts check`` makes of a host's answers, on fixed output."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from virtlab.environments.native import NativeEnvironment
-from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions
+from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions, parse_sections
 from virtlab.errors import InputError
 from virtlab.hosts import LOCAL, Host, load_inventory
+from virtlab.hosts.check import read_facts, verdict
 from virtlab.plan import Plan, load_plan, parse_plan
 
 DATA = Path(__file__).parent / "data" / "hosts"
@@ -221,3 +223,71 @@ def test_the_inventory_is_relative_to_the_plan_file(tmp_path, monkeypatch):
     assert loaded.host("db1").identity == lab / "keys" / "db_ed25519"
     error = refused('inventory = "nowhere.ini"\n[[environment]]\nname = "n"\nkind = "native"\n', lab)
     assert error.where == str(lab / "nowhere.ini") and error.problem == "no such inventory file"
+
+
+# ----------------------------------------------------------------------------- hosts check, on fixed facts
+
+CHECK_OUTPUT = """
+== uname_m
+x86_64
+== uname_r
+6.1.0-28-amd64
+== hostname
+lab1
+== cores
+16
+== cpuinfo
+processor\t: 0
+model name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+flags\t\t: fpu vmx hypervisor
+== meminfo
+MemTotal:       65536000 kB
+== privilege
+none
+== numa
+2
+== kvm
+
+== tools
+iperf3=/usr/bin/iperf3
+cc=/usr/bin/cc
+"""
+
+
+def facts_of(output: str = CHECK_OUTPUT, **changes: object) -> dict:
+    facts = read_facts(parse_sections(output), ["cc", "iperf3", "nuttcp", "runc", "virsh"], LAB1)
+    return {**facts, "clock_offset_s": 0.0012, "clock_uncertainty_s": 0.0004, **changes}
+
+
+LAB1 = Host("lab1", address="10.0.0.1", known_hosts=Path("/k"))
+
+
+def test_the_check_script_s_sections_become_the_host_s_facts():
+    facts = facts_of()
+    assert facts["host_key"] == "verified against /k"
+    assert (facts["hostname"], facts["cores"], facts["memory_bytes"]) == ("lab1", 16, 65536000 * 1024)
+    assert facts["cpu_model"] == "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz"
+    assert (facts["privilege"], facts["numa_nodes"], facts["kvm"]) == ("none", 2, "absent")
+    assert (facts["runc"], facts["libvirt"]) == (None, None)
+    assert facts["tools"] == {"cc": "/usr/bin/cc", "iperf3": "/usr/bin/iperf3", "nuttcp": None,
+                              "runc": None, "virsh": None}  # fmt: skip
+    root = read_facts(parse_sections("== privilege\nroot\n== kvm\npresent\n== numa\n0"), [], LAB1)
+    assert (root["privilege"], root["kvm"], root["numa_nodes"]) == ("root", "present, not probed", None)
+    sudo = read_facts(parse_sections("== privilege\nsudo"), [], Host("here"))
+    assert sudo["privilege"] == "passwordless sudo" and sudo["host_key"] == "not used (this machine)"
+
+
+def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
+    problems, warnings = verdict(facts_of(), ["iperf3", "nuttcp", "cc"])
+    assert problems == (
+        "missing what the plan runs there: nuttcp; install it on that host "
+        "(or place those environments elsewhere)",
+    )
+    assert len(warnings) == 1 and warnings[0].startswith("neither root nor passwordless sudo")
+    assert verdict(facts_of(privilege="root"), ["iperf3"]) == ((), ())
+    # a clock is off when it is further off than the tolerance (0.5 s) beyond its uncertainty
+    assert verdict(facts_of(privilege="root", clock_offset_s=0.54, clock_uncertainty_s=0.05), []) == ((), ())
+    _, [clock] = verdict(facts_of(privilege="root", clock_offset_s=-0.7, clock_uncertainty_s=0.1), [])
+    assert clock.startswith("its clock is -0.700 s off this machine's")
+    _, [unread] = verdict(facts_of(privilege="root", clock_offset_s=None, clock_uncertainty_s=None), [])
+    assert unread == "its clock could not be read (date +%s.%N)"

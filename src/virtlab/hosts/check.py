@@ -138,16 +138,17 @@ def check_host(host: Host, tools: Sequence[str], needs: Sequence[str], timeout_s
             status, stderr = session.finish()
             reason = _unreachable(status, stderr, session.timed_out, timeout_s, options)
             return HostCheck(host, False, problems=(reason,), elapsed_s=time.monotonic() - started)
-        facts = _facts(parse_sections(head.decode(errors="replace")), looked_for, host)
+        facts = read_facts(parse_sections(head.decode(errors="replace")), looked_for, host)
         facts.update(_clock(session))
         session.finish()
     finally:
         session.close()
-    problems, warnings = _verdict(facts, needs)
+    problems, warnings = verdict(facts, needs)
     return HostCheck(host, True, facts, problems, warnings, time.monotonic() - started)
 
 
-def _facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
+def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
+    """The check script's sections (before the clock) -> the host's facts."""
     described = describe_remote(sections)
     found = dict(line.split("=", 1) for line in sections.get("tools", "").splitlines() if "=" in line)
     numa = sections.get("numa", "").strip()
@@ -189,7 +190,8 @@ def _clock(session: _Session) -> dict[str, Any]:
     return {"clock_offset_s": round(best[1], 6), "clock_uncertainty_s": round(best[0] / 2e9, 6)}
 
 
-def _verdict(facts: dict[str, Any], needs: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def verdict(facts: dict[str, Any], needs: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A reached host's problems (it fails) and warnings, from its facts and what it ``needs``."""
     problems, warnings = [], []
     missing = sorted(tool for tool in needs if not facts["tools"].get(tool))
     if missing:
