@@ -56,11 +56,17 @@ def load_inventory(path: Path) -> tuple[Host, ...]:
             manager = InventoryManager(loader=loader, sources=[source])
             hosts_found = manager.get_hosts()
             # A file no plugin parses is only a warning to Ansible, and leaves no host of it.
+            # (Ansible says a warning once per process: a second look at the same broken file
+            # finds no host and hears no reason.)
             if not hosts_found or "Unable to parse" in said.getvalue():
                 reasons = _reasons(said.getvalue())
-                if not reasons:
-                    raise InputError(str(path), "the inventory has no hosts", "list at least one host in it")
-                raise InputError(str(path), f"not an inventory Ansible can read: {reasons}", _FIX)
+                if reasons:
+                    raise InputError(str(path), f"not an inventory Ansible can read: {reasons}", _FIX)
+                raise InputError(
+                    str(path),
+                    "Ansible finds no host in it",
+                    "list at least one host in it (ansible-inventory --list -i FILE shows what it reads)",
+                )
             variables = VariableManager(loader=loader, inventory=manager)
             found = [
                 (host.name, variables.get_vars(host=host, include_hostvars=False), _groups(host))

@@ -45,7 +45,7 @@ def host_problem(host: Host) -> str | None:
         ssh_options(host)
     except ValidationError as error:
         first = error.errors()[0]
-        option = str(first["loc"][0]) if first["loc"] else "host"
+        option = str(first["loc"][0])  # SshOptions checks fields, each error is at one
         key = _HOST_KEYS.get(option, option)
         message = first["msg"].removeprefix("Value error, ")
         return f"{key}: {message} (got {first.get('input')!r})"
