@@ -5,12 +5,14 @@ environment's own options win over the host's."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from virtlab.environments.ssh import SshOptions
 from virtlab.hosts.model import Host
+
+if TYPE_CHECKING:
+    from virtlab.environments.ssh import SshOptions
 
 # The ssh kind's option -> the host key that gives it.
 _HOST_KEYS = {"host": "address", "identity_file": "identity", "workdir_parent": "workdir"}
@@ -32,6 +34,9 @@ def host_ssh_values(host: Host) -> dict[str, Any]:
 
 def ssh_options(host: Host, overrides: Mapping[str, Any] | None = None) -> SshOptions:
     """Validated options reaching ``host`` (pydantic's ValidationError names a bad value)."""
+    # The ssh driver is imported when a plan has a remote host, as the registry imports it lazily.
+    from virtlab.environments.ssh import SshOptions
+
     return SshOptions.model_validate({**host_ssh_values(host), **(overrides or {})})
 
 
