@@ -13,6 +13,7 @@ from rich.console import Console
 from virtlab import __version__
 from virtlab.errors import InputError, MachineFault
 from virtlab.fleet import fleet_app
+from virtlab.hosts.cli import hosts_app
 from virtlab.numa.cli import numa_app
 
 app = typer.Typer(
@@ -25,8 +26,8 @@ console = Console()
 image_app = typer.Typer(help="The guest userland shared by containers and VMs.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 app.add_typer(numa_app, name="numa")
-# Until `virtlab hosts` exists, where the fleet belongs (`virtlab hosts fleet up N DIR`).
-app.add_typer(fleet_app, name="fleet")
+hosts_app.add_typer(fleet_app, name="fleet")
+app.add_typer(hosts_app, name="hosts")
 
 
 @app.command()

@@ -3,8 +3,10 @@
 The shape is fixed by plans that other tools already write:
 ``[study]``, ``[[environment]]`` (``name``, ``kind`` and the kind's options) and
 ``[[workload]]`` (``name``, ``kind`` and the workload's parameters). Unknown keys
-anywhere are errors. A study that is not an environment x workload grid names a
-scenario (``[study] scenario = "priority"``) and configures it in one more table of
+anywhere are errors. The machines environments run on, besides this one, are ``[[host]]``
+tables or an Ansible inventory (``inventory = "lab.ini"``, relative to the plan); an environment
+names one with ``host = "name"`` (``virtlab.hosts``). A study that is not an environment x
+workload grid names a scenario (``[study] scenario = "priority"``) and configures it in one more table of
 that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds``).
 """
 
@@ -25,6 +27,7 @@ from virtlab.control import ControlSpec
 from virtlab.control.environment import plan_problems
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
+from virtlab.hosts import LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
@@ -107,6 +110,8 @@ class EnvironmentSpec:
     cls: type[Environment]
     control: ControlSpec | None = None
     """``[environment.control]``: priority and placement of its host processes (``virtlab.control``)."""
+    host: str | None = None
+    """The name of the remote host it runs on (a ``Plan.hosts`` entry); None: this machine."""
 
     def create(self, workdir: Path) -> Environment:
         return self.cls(self.name, self.options, workdir)
@@ -115,6 +120,8 @@ class EnvironmentSpec:
         described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
         if self.control is not None:
             described["control"] = self.control.to_dict()
+        if self.host is not None:
+            described["host"] = self.host
         return described
 
 
@@ -137,6 +144,8 @@ class Plan:
     workloads: tuple[WorkloadSpec, ...]
     scenario: Any = None
     """The validated table of ``study.scenario`` (that scenario's ``Config``), or None for a grid."""
+    hosts: tuple[Host, ...] = ()
+    """The hosts the plan declares (``[[host]]`` tables, then its inventory's), used or not."""
     paper: PaperSpec | None = None
     """``[paper]``: the seed's published figures and findings, judged in the report."""
 
@@ -147,6 +156,13 @@ class Plan:
     @property
     def baseline(self) -> str:
         return self.study.baseline or self.environments[0].name
+
+    def host(self, name: str) -> Host:
+        """The declared host called ``name`` (KeyError if none is)."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
 
 
 def default_plan_path() -> Path:
@@ -163,17 +179,19 @@ def load_plan(path: Path | None = None) -> Plan:
         ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
         raise InputError(str(path), f"cannot read the plan: {error}") from None
-    return parse_plan(text, str(path))
+    return parse_plan(text, str(path), path.parent)
 
 
-def parse_plan(text: str, source: str = "<plan>") -> Plan:
+def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None) -> Plan:
+    """``directory``: what the plan's relative paths (its inventory, key files) are relative to;
+    default: the current directory."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
     study_table = document.get("study")
     scenario_name = study_table.get("scenario") if isinstance(study_table, dict) else None
-    allowed = {"study", "environment", "workload", "paper"} | (
+    allowed = {"study", "environment", "workload", "host", "inventory", "paper"} | (
         {scenario_name} if isinstance(scenario_name, str) else set()
     )
     if isinstance(scenario_name, str) and scenario_name not in SCENARIOS:
@@ -185,13 +203,15 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         )
     unknown = sorted(set(document) - allowed)
     if unknown:
-        fix = "use [study], [[environment]], [[workload]] and [paper]"
+        fix = "use [study], [[environment]], [[workload]], [[host]], inventory and [paper]"
         if unknown[0] in SCENARIOS:
             fix = f'[{unknown[0]}] configures a scenario: add scenario = "{unknown[0]}" to [study]'
         raise InputError(source, f"unknown top-level key {unknown[0]!r}", fix)
     study = _validated(StudySpec, document.get("study"), source, "study")
+    hosts = _hosts(document, source, directory or Path("."))
     environments = tuple(
-        _environment(table, source, i) for i, table in enumerate(_tables(document, "environment", source))
+        _environment(table, source, i, hosts)
+        for i, table in enumerate(_tables(document, "environment", source))
     )
     workloads = tuple(
         _workload(table, source, i) for i, table in enumerate(_tables(document, "workload", source))
@@ -214,7 +234,7 @@ def parse_plan(text: str, source: str = "<plan>") -> Plan:
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
     paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
-    return Plan(source, text, study, environments, workloads, scenario, paper)
+    return Plan(source, text, study, environments, workloads, scenario, hosts, paper)
 
 
 def _paper(
@@ -252,8 +272,10 @@ def _scenario(
     return config
 
 
-def _tables(document: dict[str, Any], key: str, source: str) -> list[dict[str, Any]]:
+def _tables(document: dict[str, Any], key: str, source: str, required: bool = True) -> list[dict[str, Any]]:
     tables = document.get(key)
+    if not tables and not required:
+        return []
     if not tables:
         raise InputError(source, f"no [[{key}]] table", f"add at least one [[{key}]] with a name and a kind")
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
@@ -282,17 +304,112 @@ def _plugin_table(
     return name, kind, cls, f"{where} ({name})"
 
 
-def _environment(table: dict[str, Any], source: str, index: int) -> EnvironmentSpec:
+def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host, ...]:
+    """The ``[[host]]`` tables' hosts, then the inventory's; every name once."""
+    hosts = []
+    for index, table in enumerate(_tables(document, "host", source, required=False)):
+        where = f"host[{index}]" + (f" ({table['name']})" if isinstance(table.get("name"), str) else "")
+        host = _validated(HostTable, table, source, where).to_host(directory)
+        problem = host_problem(host)
+        if problem is not None:
+            raise InputError(source, f"{where}.{problem}", "give the values ssh needs to reach it")
+        hosts.append(host)
+    inventory = document.get("inventory")
+    if inventory is not None:
+        if not isinstance(inventory, str) or not inventory:
+            raise InputError(source, "inventory must be a file name", 'write inventory = "lab.ini"')
+        hosts += load_inventory(directory / inventory)
+    names = [host.name for host in hosts]
+    for index, name in enumerate(names):
+        if name == LOCAL_NAME:
+            raise InputError(
+                source, f"host {name!r}: this name means this machine", "give the host another name"
+            )
+        if name in names[:index]:
+            raise InputError(
+                source,
+                f"host {name!r} is declared twice (in [[host]] tables or the inventory)",
+                "give every host a distinct name",
+            )
+    return tuple(hosts)
+
+
+# What a kind that cannot run on a remote host yet is run as instead.
+_REMOTE_INSTEAD = {
+    "container": 'run it on this machine (no host =), or measure that host itself with kind = "native" '
+    'and host = "{host}"; runc on a remote host is not built yet',
+    "vm": 'run it on this machine (no host =), or use kind = "libvirt" with uri = "{uri}" (no host =): '
+    "libvirt reaches that host itself; QEMU over QMP through SSH is not built yet",
+    "libvirt": 'remove host = and give uri = "{uri}": libvirt reaches that host itself',
+}
+
+
+def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...]) -> EnvironmentSpec:
     name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
-    options = _validated(cls.Options, _without(table, "name", "kind", "control"), source, where)
+    host = _placement(table, kind, hosts, source, where)
+    if host is None:
+        # The ssh kind's own ``host`` (an address) when it names no host of the plan: as before.
+        keys = ("name", "kind", "control") if kind == "ssh" else ("name", "kind", "control", "host")
+        options = _validated(cls.Options, _without(table, *keys), source, where)
+    else:
+        cls = _remote_class(kind, host, source, where)
+        overrides = _without(table, "name", "kind", "control", "host")
+        try:
+            options = ssh_options(host, overrides)
+        except ValidationError as error:
+            raise _input_error(error, cls.Options, source, where) from None
+    host_name = host.name if host is not None else None
     if "control" not in table:
-        return EnvironmentSpec(name, kind, options, cls)
+        return EnvironmentSpec(name, kind, options, cls, host=host_name)
     control = _validated(ControlSpec, table["control"], source, f"{where}.control")
     problems = plan_problems(control, kind, *cls.host_scope(options), options)
     if problems:
         problem, fix = problems[0]
         raise InputError(source, f"{where}.control: {problem}", fix)
-    return EnvironmentSpec(name, kind, options, cls, control)
+    return EnvironmentSpec(name, kind, options, cls, control, host_name)
+
+
+def _placement(
+    table: dict[str, Any], kind: str, hosts: tuple[Host, ...], source: str, where: str
+) -> Host | None:
+    """The remote host ``host = "name"`` names, or None for this machine. For the ssh kind,
+    ``host`` was an address before hosts existed: it names a host only when the plan has one of
+    that name."""
+    if "host" not in table:
+        return None
+    wanted = table["host"]
+    names = [host.name for host in hosts]
+    if kind == "ssh" and wanted not in names:
+        return None
+    if wanted == LOCAL_NAME:
+        return None
+    if not isinstance(wanted, str) or wanted not in names:
+        known = ", ".join([LOCAL_NAME, *names])
+        fix = (
+            f"use one of: {known}"
+            if names
+            else 'declare it in a [[host]] table (name, address, ...) or an inventory = "lab.ini"'
+        )
+        raise InputError(source, f"{where}.host: no host named {wanted!r}", fix)
+    host = hosts[names.index(wanted)]
+    return None if host.is_local else host
+
+
+def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Environment]:
+    """The class that runs an environment of ``kind`` on the remote ``host``, or an InputError
+    saying what to use instead."""
+    if kind == "ssh":
+        return ENVIRONMENTS.get("ssh")
+    if kind == "native":
+        from virtlab.environments.ssh import RemoteNativeEnvironment
+
+        return RemoteNativeEnvironment
+    user = f"{host.user}@" if host.user else ""
+    uri = host.libvirt_uri or f"qemu+ssh://{user}{host.address}/system"
+    fix = _REMOTE_INSTEAD.get(kind, "run it on this machine (no host =)").format(host=host.name, uri=uri)
+    raise InputError(
+        source, f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported yet", fix
+    )
 
 
 def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:

@@ -7,7 +7,8 @@ shares one connection (a ControlMaster socket in the environment's local workdir
 
 On the remote::
 
-    <workdir>/            default /tmp/virtlab-<random>, created by provision (it must not exist:
+    <workdir>/            default <workdir_parent>/virtlab-<random> (/tmp, or a plan host's workdir),
+                          created by provision (it must not exist:
                           teardown removes it, so virtlab refuses a directory it did not create)
     <workdir>/bin         the kernels, compiled there (build = "remote") or copied from this host
                           (build = "copy": only when the remote's CPU and libc match this host's)
@@ -104,8 +105,9 @@ pgid=$(cat -- "$1")
 kill "-$2" "-$pgid" 2>/dev/null || kill "-$2" "$pgid" 2>/dev/null
 exit 0
 """
-# What the remote looks like, in sections; every read may fail on an unusual system.
-_PROBE = """section() { printf '\\n== %s\\n' "$1"; }
+# What the remote looks like, in sections; every read may fail on an unusual system. Public for
+# ``virtlab hosts check``, which reads the same facts (``describe_remote``) and a few more.
+DESCRIBE_SCRIPT = """section() { printf '\\n== %s\\n' "$1"; }
 section uname_m; uname -m
 section uname_r; uname -r
 section hostname; uname -n
@@ -121,8 +123,8 @@ section virt_container; command -v systemd-detect-virt >/dev/null 2>&1 && \
 systemd-detect-virt --container 2>/dev/null
 section product; cat /sys/class/dmi/id/product_name 2>/dev/null
 section vendor; cat /sys/class/dmi/id/sys_vendor 2>/dev/null
-section end
 """
+_PROBE = DESCRIBE_SCRIPT + "section end\n"
 # DMI product or vendor names of common hypervisors, for remotes without systemd-detect-virt.
 _DMI_HYPERVISORS = (
     ("VMware", "vmware"), ("VirtualBox", "oracle"), ("HVM domU", "xen"), ("Xen", "xen"),
@@ -182,7 +184,12 @@ class SshOptions(EnvironmentOptions):
     workdir: str | None = Field(
         default=None,
         description="remote directory for the kernels and the commands, created at provision and "
-        "removed at teardown (must not exist yet); default /tmp/virtlab-<random>",
+        "removed at teardown (must not exist yet); default <workdir_parent>/virtlab-<random>",
+    )
+    workdir_parent: str = Field(
+        default="/tmp",
+        description="existing remote directory in which the default workdir is made "
+        "(a host's workdir in the plan or inventory)",
     )
     build: Literal["remote", "copy"] = Field(
         default="remote",
@@ -210,14 +217,14 @@ class SshOptions(EnvironmentOptions):
             raise ValueError(f"{value!r} is not a program name or path (e.g. cc, gcc-12, /usr/bin/clang)")
         return value
 
-    @field_validator("workdir")
+    @field_validator("workdir", "workdir_parent")
     @classmethod
     def _remote_dir(cls, value: str | None) -> str | None:
         if value is None:
             return None
         path = PurePosixPath(value)
         if not path.is_absolute() or path == PurePosixPath("/") or ".." in path.parts:
-            raise ValueError(f"workdir {value!r} must be an absolute remote directory (not /, no '..')")
+            raise ValueError(f"{value!r} must be an absolute remote directory (not /, no '..')")
         return str(path)
 
     def expanded(self, path: Path) -> Path:
@@ -281,11 +288,13 @@ class SshEnvironment(Environment):
 
     @property
     def target(self) -> str:
-        return f"{self.options.user}@{self.options.host}:{self.options.port}"
+        return ssh_target(self.options)
 
     def _create(self, kernels: KernelBuild) -> None:
         self._runs = itertools.count(1)
-        self.remote_dir = self.options.workdir or f"/tmp/virtlab-{os.urandom(4).hex()}"
+        self.remote_dir = (
+            self.options.workdir or f"{self.options.workdir_parent}/virtlab-{os.urandom(4).hex()}"
+        )
         try:
             connect_s = self._connect()
             self._make_remote_dir()
@@ -555,27 +564,7 @@ class SshEnvironment(Environment):
 
     # -- ssh and scp -------------------------------------------------------------------------
     def _common_options(self) -> list[str]:
-        o = self.options
-        strict = "accept-new" if o.accept_new_host_key else "yes"
-        argv = [
-            "-F", str(o.expanded(o.ssh_config)) if o.ssh_config else "none",
-            "-o", "BatchMode=yes",
-            "-o", f"StrictHostKeyChecking={strict}",
-            "-o", f"UserKnownHostsFile={o.expanded(o.known_hosts)}",
-            # Only the plan's known_hosts vouches for the host.
-            "-o", "GlobalKnownHostsFile=/dev/null",
-            "-o", f"ConnectTimeout={o.connect_timeout_s}",
-            "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=4",
-            "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={self.control_path}",
-            "-o", f"ControlPersist={o.control_persist_s}",
-            "-o", "LogLevel=ERROR",
-            "-o", f"User={o.user}",
-        ]  # fmt: skip
-        if o.identity_file is not None:
-            argv += ["-i", str(o.expanded(o.identity_file)), "-o", "IdentitiesOnly=yes"]
-        return argv
+        return ssh_client_options(self.options, self.control_path)
 
     def _ssh_argv(self, remote_argv: list[str] | None, extra: tuple[str, ...] = ()) -> list[str]:
         argv = ["ssh", *self._common_options(), "-p", str(self.options.port), *extra]
@@ -621,16 +610,53 @@ class SshEnvironment(Environment):
         return path
 
     def _diagnose(self, stderr: str) -> tuple[str, str] | None:
-        o = self.options
-        names = {
-            "target": self.target, "host": o.host, "port": o.port, "user": o.user,
-            "known_hosts": o.expanded(o.known_hosts),
-            "identity": o.expanded(o.identity_file) if o.identity_file else "(ssh's default keys)",
-        }  # fmt: skip
-        for needles, message, fix in _DIAGNOSES:
-            if any(needle in stderr for needle in needles):
-                return message.format(**names), fix.format(**names)
-        return None
+        return diagnose_ssh(self.options, stderr)
+
+
+def ssh_target(options: SshOptions) -> str:
+    return f"{options.user}@{options.host}:{options.port}"
+
+
+def ssh_client_options(options: SshOptions, control_path: Path | None = None) -> list[str]:
+    """The options of every ssh and scp that reaches the machine ``options`` names; with a
+    ``control_path``, commands share one connection (a ControlMaster there), without, each
+    connects alone and no master is left behind."""
+    o = options
+    strict = "accept-new" if o.accept_new_host_key else "yes"
+    argv = [
+        "-F", str(o.expanded(o.ssh_config)) if o.ssh_config else "none",
+        "-o", "BatchMode=yes",
+        "-o", f"StrictHostKeyChecking={strict}",
+        "-o", f"UserKnownHostsFile={o.expanded(o.known_hosts)}",
+        # Only the plan's known_hosts vouches for the host.
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", f"ConnectTimeout={o.connect_timeout_s}",
+        "-o", "ServerAliveInterval=15",
+        "-o", "ServerAliveCountMax=4",
+    ]  # fmt: skip
+    if control_path is not None:
+        argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_path}",
+                 "-o", f"ControlPersist={o.control_persist_s}"]  # fmt: skip
+    else:
+        argv += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    argv += ["-o", "LogLevel=ERROR", "-o", f"User={o.user}"]
+    if o.identity_file is not None:
+        argv += ["-i", str(o.expanded(o.identity_file)), "-o", "IdentitiesOnly=yes"]
+    return argv
+
+
+def diagnose_ssh(options: SshOptions, stderr: str) -> tuple[str, str] | None:
+    """What ssh's own messages in ``stderr`` say went wrong, and what fixes it; None: nothing known."""
+    o = options
+    names = {
+        "target": ssh_target(o), "host": o.host, "port": o.port, "user": o.user,
+        "known_hosts": o.expanded(o.known_hosts),
+        "identity": o.expanded(o.identity_file) if o.identity_file else "(ssh's default keys)",
+    }  # fmt: skip
+    for needles, message, fix in _DIAGNOSES:
+        if any(needle in stderr for needle in needles):
+            return message.format(**names), fix.format(**names)
+    return None
 
 
 # --------------------------------------------------------------------------- the remote's description
@@ -708,3 +734,12 @@ def _colon_values(text: str) -> dict[str, str]:
 def _ssh_version() -> str | None:
     done = subprocess.run(["ssh", "-V"], capture_output=True, text=True, check=False)
     return (done.stderr or done.stdout).strip() or None
+
+
+class RemoteNativeEnvironment(SshEnvironment):
+    """``kind = "native"`` with ``host =`` a remote host of the plan: that machine itself, as its
+    own baseline, driven exactly as the ssh kind drives a machine. Not registered: its kind is
+    native, and the plan chooses this class when a native environment names a remote host."""
+
+    kind = "native"
+    summary = "a remote host of the plan itself, as its own baseline (plain processes over SSH)"

@@ -1,0 +1,11 @@
+"""The lab's hosts: what they are (``model``), where they come from (a plan's ``[[host]]`` tables:
+``tables``; an Ansible inventory: ``inventory``), how one is reached (``remote``), and
+``virtlab hosts`` (``cli``, imported only by the command line; ``check`` is ``virtlab hosts check``).
+"""
+
+from virtlab.hosts.inventory import load_inventory
+from virtlab.hosts.model import LOCAL, LOCAL_NAME, Host
+from virtlab.hosts.remote import host_problem, ssh_options
+from virtlab.hosts.tables import HostTable
+
+__all__ = ["LOCAL", "LOCAL_NAME", "Host", "HostTable", "host_problem", "load_inventory", "ssh_options"]

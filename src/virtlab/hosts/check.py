@@ -1,0 +1,349 @@
+"""``virtlab hosts check``: is every host of a plan or an inventory ready, before a long study?
+
+Each host gets one SSH session (strict host key checking against its known_hosts: a key that is
+unknown or changed fails the host, it is never accepted), a thread each, a bounded number at once.
+The session runs one fixed script (``CHECK_SCRIPT``): the facts the ssh kind records
+(``DESCRIBE_SCRIPT``), privileges, NUMA nodes, /dev/kvm, and where the tools are; then it answers
+clock readings, one per line it is sent, so that the remote time is read between two local
+timestamps on an open connection: the offset is the reading against their midpoint, its
+uncertainty half the round trip of the closest pair.
+
+A host fails when it cannot be reached (the reason and the fix as ssh's own messages say) or lacks
+a tool the plan needs there; a missing root or sudo, and a clock far off, are warnings. /dev/kvm is
+only seen to exist ("present, not probed"): whether KVM really works is a later probe.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from virtlab.environments.ssh import (
+    DESCRIBE_SCRIPT,
+    describe_remote,
+    diagnose_ssh,
+    parse_sections,
+    ssh_client_options,
+)
+from virtlab.hosts.model import Host
+from virtlab.hosts.remote import ssh_options
+
+MAX_PARALLEL = 16
+CHECK_TIMEOUT_S = 60.0
+CLOCK_ROUNDS = 8
+CLOCK_TOLERANCE_S = 0.5
+"""A host whose clock is further off than this (beyond the uncertainty) gets a warning."""
+BASE_TOOLS = ("runc", "virsh", "cc")
+"""Looked for on every host: containers, libvirt, and the C compiler that builds the kernels there."""
+_END = b"\n== end\n"
+_SSH_FAILED = 255
+
+# The facts, then the clock: a line in, a timestamp out, until the input ends. Tools to look for
+# are the script's arguments ("$@"), each quoted on the way (shlex), never pasted into it.
+CHECK_SCRIPT = (
+    DESCRIBE_SCRIPT
+    + """section privilege
+if [ "$(id -u)" = 0 ]; then echo root
+elif command -v sudo >/dev/null 2>&1 && sudo -n true </dev/null >/dev/null 2>&1; then echo sudo
+else echo none; fi
+section numa; ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l
+section kvm; [ -e /dev/kvm ] && echo present
+section tools
+for tool in "$@"; do found=$(command -v -- "$tool" 2>/dev/null) && printf '%s=%s\\n' "$tool" "$found"; done
+section end
+while read -r _; do date +%s.%N; done
+"""
+)
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    host: Host
+    reached: bool
+    facts: dict[str, Any] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    """Why the host fails (each with its fix)."""
+    warnings: tuple[str, ...] = ()
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.reached and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.host.name,
+            "target": self.host.target,
+            "ok": self.ok,
+            "reached": self.reached,
+            "problems": list(self.problems),
+            "warnings": list(self.warnings),
+            "facts": self.facts,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def check_hosts(
+    hosts: Sequence[Host],
+    tools: Mapping[str, Sequence[str]],
+    needs: Mapping[str, Sequence[str]],
+    max_parallel: int = MAX_PARALLEL,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> list[HostCheck]:
+    """Every host checked at once (at most ``max_parallel`` at a time), in the order given.
+    ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have."""
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
+        return list(
+            pool.map(
+                lambda host: check_host(host, tools.get(host.name, ()), needs.get(host.name, ()), timeout_s),
+                hosts,
+            )
+        )
+
+
+def check_host(host: Host, tools: Sequence[str], needs: Sequence[str], timeout_s: float) -> HostCheck:
+    started = time.monotonic()
+    looked_for = sorted({*BASE_TOOLS, *tools, *needs})
+    script = ["sh", "-c", CHECK_SCRIPT, "virtlab-check", *looked_for]
+    if host.is_local:
+        argv, options = script, None
+    else:
+        options = ssh_options(host)
+        # No -n: the session's input carries the clock's questions. One string to the remote shell,
+        # each element quoted (see environments/ssh.py).
+        argv = ["ssh", *ssh_client_options(options), "-p", str(options.port), options.host]
+        argv.append("exec " + shlex.join(script))
+    try:
+        session = _Session(argv, started + timeout_s)
+    except OSError as error:
+        problem = f"cannot start {argv[0]}: {error.strerror}; install the OpenSSH client (openssh-client)"
+        return HostCheck(host, False, problems=(problem,), elapsed_s=time.monotonic() - started)
+    try:
+        head = session.read_until(_END)
+        if head is None:
+            status, stderr = session.finish()
+            reason = _unreachable(status, stderr, session.timed_out, timeout_s, options)
+            return HostCheck(host, False, problems=(reason,), elapsed_s=time.monotonic() - started)
+        facts = read_facts(parse_sections(head.decode(errors="replace")), looked_for, host)
+        facts.update(_clock(session))
+        session.finish()
+    finally:
+        session.close()
+    problems, warnings = verdict(facts, needs)
+    return HostCheck(host, True, facts, problems, warnings, time.monotonic() - started)
+
+
+def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
+    """The check script's sections (before the clock) -> the host's facts."""
+    described = describe_remote(sections)
+    found = dict(line.split("=", 1) for line in sections.get("tools", "").splitlines() if "=" in line)
+    numa = sections.get("numa", "").strip()
+    return {
+        "host_key": "not used (this machine)" if host.is_local else f"verified against {host.known_hosts}",
+        "privilege": {"root": "root", "sudo": "passwordless sudo"}.get(sections.get("privilege", ""), "none"),
+        **{
+            key: described[key]
+            for key in ("hostname", "cpu_model", "cores", "memory_bytes", "kernel", "arch")
+        },
+        "virtualization": described["virtualization"],
+        "numa_nodes": int(numa) if numa.isdigit() and int(numa) > 0 else None,
+        "kvm": "present, not probed" if sections.get("kvm") == "present" else "absent",
+        "runc": found.get("runc"),
+        "libvirt": found.get("virsh"),
+        "tools": {tool: found.get(tool) for tool in looked_for},
+    }
+
+
+def _clock(session: _Session) -> dict[str, Any]:
+    """The remote clock against this one, from the round trip that was shortest."""
+    best: tuple[int, float] | None = None
+    for _ in range(CLOCK_ROUNDS):
+        before = time.time_ns()
+        session.write(b"\n")
+        line = session.read_until(b"\n")
+        after = time.time_ns()
+        if line is None:
+            break
+        try:
+            remote = float(line.decode().strip())
+        except ValueError:
+            break  # a date(1) without %N: no reading to trust
+        offset = remote - (before + after) / 2e9
+        if best is None or after - before < best[0]:
+            best = (after - before, offset)
+    if best is None:
+        return {"clock_offset_s": None, "clock_uncertainty_s": None}
+    return {"clock_offset_s": round(best[1], 6), "clock_uncertainty_s": round(best[0] / 2e9, 6)}
+
+
+def verdict(facts: dict[str, Any], needs: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A reached host's problems (it fails) and warnings, from its facts and what it ``needs``."""
+    problems, warnings = [], []
+    missing = sorted(tool for tool in needs if not facts["tools"].get(tool))
+    if missing:
+        problems.append(
+            f"missing what the plan runs there: {', '.join(missing)}; install it on that host "
+            "(or place those environments elsewhere)"
+        )
+    if facts["privilege"] == "none":
+        warnings.append(
+            "neither root nor passwordless sudo: containers, libvirt and the plan's controls need "
+            "root there; log in as root or allow that user sudo without a password"
+        )
+    offset, uncertainty = facts["clock_offset_s"], facts["clock_uncertainty_s"]
+    if offset is None:
+        warnings.append("its clock could not be read (date +%s.%N)")
+    elif abs(offset) - uncertainty > CLOCK_TOLERANCE_S:
+        warnings.append(
+            f"its clock is {offset:+.3f} s off this machine's: timestamps of trials on different hosts "
+            "disagree; run NTP (chrony) on both"
+        )
+    return tuple(problems), tuple(warnings)
+
+
+def _unreachable(status: int | None, stderr: str, timed_out: bool, timeout_s: float, options: Any) -> str:
+    if options is not None and (status == _SSH_FAILED or timed_out):
+        diagnosis = diagnose_ssh(options, stderr)
+        if diagnosis is not None:
+            return f"{diagnosis[0]}; {diagnosis[1]}"
+    if timed_out:
+        return f"no answer within {timeout_s:g} s"
+    last = stderr.strip().splitlines()[-1:] or ["(nothing said)"]
+    return f"the check ended early (exit status {status}): {last[0][:300]}"
+
+
+class _Session:
+    """One check's process: its output read up to a marker against a deadline, its input written."""
+
+    def __init__(self, argv: list[str], deadline: float) -> None:
+        self.deadline = deadline
+        self.timed_out = False
+        self._buffer = b""
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def read_until(self, marker: bytes) -> bytes | None:
+        """What comes before ``marker``; None when the output ends or the deadline passes first."""
+        assert self.process.stdout is not None
+        descriptor = self.process.stdout.fileno()
+        while marker not in self._buffer:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not select.select([descriptor], [], [], remaining)[0]:
+                self.timed_out = True
+                return None
+            chunk = os.read(descriptor, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        head, _, self._buffer = self._buffer.partition(marker)
+        return head
+
+    def write(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(data)
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # the read that follows sees the end
+
+    def finish(self) -> tuple[int | None, str]:
+        """End the input (the clock loop ends), wait a moment, then the exit status and stderr."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        # A session that timed out gets a moment, one that answered the rest of its deadline.
+        wait_s = 1.0 if self.timed_out else max(1.0, self.deadline - time.monotonic())
+        try:
+            self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._stderr.seek(0)
+        return self.process.returncode, self._stderr.read().decode(errors="replace")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self._kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self._stderr.close()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+# --------------------------------------------------------------------------------- the table
+
+
+def render(checks: Sequence[HostCheck], console: Console) -> None:
+    table = Table(
+        title="hosts",
+        title_justify="left",
+        caption="kvm: /dev/kvm present, not probed yet; "
+        "clock: the host's minus this machine's, ms ± uncertainty",
+        caption_justify="left",
+    )
+    for column in ("host", "result", "reached as", "privilege", "CPU", "memory", "NUMA", "kvm", "runc",
+                   "virsh", "tools", "clock"):  # fmt: skip
+        table.add_column(column)
+    for check in checks:
+        result = "[green]ok[/green]" if check.ok else "[red]FAIL[/red]"
+        if not check.reached:
+            table.add_row(check.host.name, result, f"{check.host.target}: [red]unreachable[/red]", *[""] * 9)
+            continue
+        f = check.facts
+        found = sum(1 for path in f["tools"].values() if path)
+        table.add_row(
+            check.host.name,
+            result,
+            check.host.target,
+            {"passwordless sudo": "sudo"}.get(f["privilege"], f["privilege"]),
+            f"{f['cores'] or '?'} × {f['cpu_model'] or '?'}",
+            f"{f['memory_bytes'] / 2**30:.1f} GiB" if f["memory_bytes"] else "?",
+            str(f["numa_nodes"] or "?"),
+            "yes" if f["kvm"] != "absent" else "no",
+            "yes" if f["runc"] else "no",
+            "yes" if f["libvirt"] else "no",
+            f"{found}/{len(f['tools'])}",
+            _offset_text(f["clock_offset_s"], f["clock_uncertainty_s"]),
+        )
+    console.print(table)
+    for check in checks:
+        missing = [tool for tool, path in check.facts.get("tools", {}).items() if not path]
+        if missing:
+            console.print(f"{check.host.name}: not found: {', '.join(missing)}", highlight=False)
+        for problem in check.problems:
+            console.print(f"[red]{check.host.name}[/red]: {problem}", highlight=False)
+        for warning in check.warnings:
+            console.print(f"[yellow]{check.host.name}[/yellow]: {warning}", highlight=False)
+
+
+def _offset_text(offset: float | None, uncertainty: float | None) -> str:
+    if offset is None or uncertainty is None:
+        return "unknown"
+    return f"{offset * 1000:+.1f} ± {uncertainty * 1000:.1f}"

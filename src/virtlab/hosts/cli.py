@@ -1,0 +1,75 @@
+"""``virtlab hosts``: the lab's hosts (``check``). Mounted by ``virtlab.cli`` as
+``app.add_typer(hosts_app, name="hosts")``; other sub-commands add themselves to ``hosts_app``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from virtlab.errors import InputError
+from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
+from virtlab.hosts.inventory import load_inventory
+from virtlab.hosts.model import Host
+
+hosts_app = typer.Typer(help="The lab's hosts: check them before a study.", no_args_is_help=True)
+
+PLAN_SUFFIXES = (".toml",)
+_LOG_WIDTH = 150
+
+
+@hosts_app.command("check")
+def check(
+    source: Annotated[Path, typer.Argument(help="a plan (.toml) or an Ansible inventory (INI or YAML)")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    max_parallel: Annotated[
+        int, typer.Option("--max-parallel", min=1, max=256, help="hosts checked at the same time")
+    ] = MAX_PARALLEL,
+) -> None:
+    """Reach every host over SSH (host key verified) and read what it offers; exit 1 if one fails."""
+    hosts, tools, needs = hosts_to_check(source)
+    checks = check_hosts(hosts, tools, needs, max_parallel)
+    if as_json:
+        document = {
+            "source": str(source),
+            "ok": all(c.ok for c in checks),
+            "hosts": [c.to_dict() for c in checks],
+        }
+        typer.echo(json.dumps(document, indent=2))
+    else:
+        # A log or a pipe gets the whole table, not one squeezed into 80 columns.
+        render(checks, Console() if sys.stdout.isatty() else Console(width=_LOG_WIDTH))
+    raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+def hosts_to_check(source: Path) -> tuple[tuple[Host, ...], dict[str, list[str]], dict[str, list[str]]]:
+    """The hosts of a plan or an inventory, the tools to look for on each and those each must have:
+    a plan's hosts must have what the plan runs there (its workloads' tools, the compiler that
+    builds the kernels there); an inventory's are only looked at for every workload's tools."""
+    from virtlab.workloads import WORKLOADS
+
+    every_tool = sorted({tool for _, cls in WORKLOADS for tool in cls.tools})
+    if source.suffix not in PLAN_SUFFIXES:
+        hosts = load_inventory(source)
+        return hosts, {host.name: every_tool for host in hosts}, {}
+    from virtlab.environments.ssh import SshOptions
+    from virtlab.plan import load_plan
+
+    plan = load_plan(source)
+    if not plan.hosts:
+        raise InputError(
+            str(source), "the plan declares no hosts", 'add [[host]] tables or inventory = "lab.ini" to it'
+        )
+    needs: dict[str, list[str]] = {}
+    for env in plan.environments:
+        if env.host is None:
+            continue
+        wanted = needs.setdefault(env.host, [])
+        wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
+        if isinstance(env.options, SshOptions) and env.options.build == "remote":
+            wanted.append(env.options.compiler)
+    return plan.hosts, {host.name: every_tool for host in plan.hosts}, needs

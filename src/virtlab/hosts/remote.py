@@ -1,0 +1,57 @@
+"""How a remote host is reached: the options of virtlab's SSH machinery (``environments.ssh``) for
+it. Both the ssh kind and a native environment on a remote host start from these; an
+environment's own options win over the host's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from virtlab.hosts.model import Host
+
+if TYPE_CHECKING:
+    from virtlab.environments.ssh import SshOptions
+
+# The ssh kind's option -> the host key that gives it.
+_HOST_KEYS = {"host": "address", "identity_file": "identity", "workdir_parent": "workdir"}
+
+
+def host_ssh_values(host: Host) -> dict[str, Any]:
+    """The ssh options a host entry gives (the ones it leaves unset keep the ssh kind's defaults)."""
+    if host.address is None:
+        raise ValueError(f"host {host.name!r} is this machine: it is not reached over SSH")
+    values: dict[str, Any] = {"host": host.address, "port": host.port, "known_hosts": host.known_hosts}
+    if host.user is not None:
+        values["user"] = host.user
+    if host.identity is not None:
+        values["identity_file"] = host.identity
+    if host.workdir is not None:
+        values["workdir_parent"] = host.workdir
+    return values
+
+
+def ssh_options(host: Host, overrides: Mapping[str, Any] | None = None) -> SshOptions:
+    """Validated options reaching ``host`` (pydantic's ValidationError names a bad value)."""
+    # The ssh driver is imported when a plan has a remote host, as the registry imports it lazily.
+    from virtlab.environments.ssh import SshOptions
+
+    return SshOptions.model_validate({**host_ssh_values(host), **(overrides or {})})
+
+
+def host_problem(host: Host) -> str | None:
+    """Why ``host``'s values cannot reach it over SSH (a user name ssh would read as an option, a
+    port out of range), or None; checked where the host is read, so that a bad inventory line is
+    bad input before anything runs."""
+    if host.address is None:
+        return None
+    try:
+        ssh_options(host)
+    except ValidationError as error:
+        first = error.errors()[0]
+        option = str(first["loc"][0])  # SshOptions checks fields, each error is at one
+        key = _HOST_KEYS.get(option, option)
+        message = first["msg"].removeprefix("Value error, ")
+        return f"{key}: {message} (got {first.get('input')!r})"
+    return None

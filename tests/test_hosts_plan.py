@@ -1,0 +1,463 @@
+"""Hosts in a plan: ``[[host]]`` tables, an Ansible inventory read by ansible-core (INI and YAML on
+fixed files: groups, a range, group vars, ansible_* variables), and ``host =`` on an environment,
+with the plan errors a user gets (an unknown host, a kind that cannot run on a remote host yet);
+and what ``hosts check`` makes of a host's answers, on fixed output."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from virtlab.environments.native import NativeEnvironment
+from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions, parse_sections
+from virtlab.errors import InputError
+from virtlab.hosts import LOCAL, Host, load_inventory, ssh_options
+from virtlab.hosts.check import read_facts, verdict
+from virtlab.plan import Plan, load_plan, parse_plan
+from virtlab_cli import cli_env
+
+DATA = Path(__file__).parent / "data" / "hosts"
+WORKLOAD = '[[workload]]\nname = "p"\nkind = "primes"\nn = 1000\n'
+LAB = (
+    '[[host]]\nname = "lab1"\naddress = "198.18.7.1"\nuser = "bench"\nport = 2200\n'
+    'identity = "keys/lab1"\nknown_hosts = "/etc/virtlab/known_hosts"\nworkdir = "/srv/virtlab"\n'
+    'libvirt_uri = "qemu+ssh://bench@198.18.7.1:2200/system"\ntest_address = "10.9.0.1"\nbridge = "br0"\n\n'
+)
+
+
+def plan(body: str, directory: Path = DATA) -> Plan:
+    # top-level keys (inventory) first: after [study] they would be the study's
+    return parse_plan(f'{body}\n[study]\nname = "s"\n\n{WORKLOAD}', "lab.toml", directory)
+
+
+def refused(body: str, directory: Path = DATA) -> InputError:
+    with pytest.raises(InputError) as caught:
+        plan(body, directory)
+    if 'inventory = "' not in body:
+        assert caught.value.where == "lab.toml"  # the plan names the file, not an inventory
+    return caught.value
+
+
+# ----------------------------------------------------------------------------- the inventory
+
+EXPECTED = {
+    "web1": dict(address="web1.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "web2": dict(address="web2.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "web3": dict(address="web3.lab.example", user="deploy", port=22, groups=("lab", "web"), bridge="br0"),
+    "db1": dict(
+        address="10.0.0.21",
+        port=2222,
+        identity=DATA / "keys" / "db_ed25519",
+        workdir="/srv/virtlab",
+        test_address="10.1.0.21",
+        groups=("db", "lab"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ["lab.ini", "lab.yml"])
+def test_an_ansible_inventory_gives_the_hosts_ansible_would_use(name):
+    hosts = {host.name: host for host in load_inventory(DATA / name)}
+    assert sorted(hosts) == ["db1", "here", "web1", "web2", "web3"]  # the range web[1:3] expanded
+    for host_name, values in EXPECTED.items():
+        # lab's group vars reach both groups; web's from group_vars/web.yml, templated
+        expected = Host(name=host_name, known_hosts=DATA / "lab_known_hosts", **values)
+        assert hosts[host_name] == expected
+    # ansible_connection=local is this machine, not reached over SSH
+    assert hosts["here"] == Host("here", groups=("controller",)) and hosts["here"].is_local
+
+
+def test_ini_and_yaml_inventories_of_one_lab_are_the_same_hosts():
+    assert sorted(load_inventory(DATA / "lab.ini"), key=lambda h: h.name) == sorted(
+        load_inventory(DATA / "lab.yml"), key=lambda h: h.name
+    )
+
+
+def test_an_inventory_ansible_cannot_parse_is_bad_input_with_ansible_s_reason(capfd, tmp_path):
+    # a path of its own: Ansible warns once per process about one file
+    broken = tmp_path / "broken.ini"
+    shutil.copy(DATA / "broken.ini", broken)
+    with pytest.raises(InputError, match="not an inventory Ansible can read") as caught:
+        load_inventory(broken)
+    assert (
+        caught.value.where == str(broken)
+        and "Failed to parse inventory with 'ini' plugin" in caught.value.problem
+    )
+    assert (
+        caught.value.fix
+        == "give an Ansible inventory (INI or YAML) that ansible-inventory --list -i FILE reads"
+    )
+    assert caught.value.problem.startswith(
+        "not an inventory Ansible can read: Failed to parse inventory with 'ini' plugin:"
+    )
+    assert "[WARNING]" not in caught.value.problem and "* Failed" not in caught.value.problem
+    assert capfd.readouterr() == ("", "")  # Ansible's warnings became the message, not output
+    with pytest.raises(InputError, match="Ansible finds no host in it"):
+        load_inventory(broken)  # a second look hears no reason, and still refuses it
+    empty = tmp_path / "empty.ini"
+    empty.write_text("# nothing yet\n")
+    with pytest.raises(InputError, match="Ansible finds no host in it") as caught:
+        load_inventory(empty)
+    assert (caught.value.where, caught.value.problem) == (str(empty), "Ansible finds no host in it")
+    assert (
+        caught.value.fix
+        == "list at least one host in it (ansible-inventory --list -i FILE shows what it reads)"
+    )
+    with pytest.raises(InputError, match="no such inventory file") as caught:
+        load_inventory(DATA / "missing.ini")
+    assert (
+        caught.value.fix
+        == "give an Ansible inventory (INI or YAML) that ansible-inventory --list -i FILE reads"
+    )
+
+
+def test_a_host_that_is_this_machine_has_no_ssh_options():
+    with pytest.raises(ValueError, match="'here' is this machine: it is not reached over SSH"):
+        ssh_options(Host("here"))
+
+
+def test_older_variable_names_home_paths_and_ungrouped_hosts(tmp_path):
+    inventory = tmp_path / "edge.ini"
+    inventory.write_text(
+        "lone\n[lab]\nodd ansible_ssh_host=10.0.0.9 ansible_ssh_port=2201 ansible_ssh_user=ops "
+        "ansible_private_key_file=~/.ssh/lab virtlab_libvirt_uri=qemu+ssh://ops@10.0.0.9/system "
+        "virtlab_known_hosts=/etc/kh virtlab_bridge=''\n"
+    )
+    assert load_inventory(inventory) == (
+        Host("lone", address="lone"),  # the inventory name is the address; "ungrouped" is no group
+        Host(
+            "odd",
+            address="10.0.0.9",
+            user="ops",
+            port=2201,
+            identity=Path("~/.ssh/lab"),  # left for ssh's user to expand
+            known_hosts=Path("/etc/kh"),
+            libvirt_uri="qemu+ssh://ops@10.0.0.9/system",
+            groups=("lab",),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "problem", "fix"),
+    [
+        ("port.ini", "[g]\nbadport ansible_port=abc\n", "host badport: ansible_port 'abc' is not a number",
+         "give a TCP port"),
+        ("name.yml", 'all:\n  hosts:\n    "fe80::1":\n', "host fe80::1: virtlab cannot use this name",
+         "use letters, digits, . _ -"),
+        ("user.ini", "lab1 ansible_user=-oProxyCommand=x\n",
+         "host lab1: user: '-oProxyCommand=x' is not a plain name (letters, digits, '.', '-', '_', ':') "
+         "(got '-oProxyCommand=x')", "fix that host's variables in the inventory"),
+        ("undefined.ini", 'h1 ansible_host="{{ nowhere_defined }}"\n',
+         "host h1: ansible_host: Ansible cannot render '{{ nowhere_defined }}': "
+         "'nowhere_defined' is undefined",
+         "give an Ansible inventory (INI or YAML) that ansible-inventory --list -i FILE reads"),
+        ("winrm.ini", "[windows]\nwin1 ansible_connection=winrm\n",
+         "host win1: ansible_connection=winrm (virtlab reaches hosts over OpenSSH only)",
+         "give it ansible_connection=ssh (or local for this machine), or leave it out of the inventory"),
+    ],
+)  # fmt: skip
+def test_bad_inventory_values_are_refused_where_they_are_read(tmp_path, name, text, problem, fix):
+    inventory = tmp_path / name
+    inventory.write_text(text)
+    with pytest.raises(InputError) as caught:
+        load_inventory(inventory)
+    assert (caught.value.where, caught.value.problem, caught.value.fix) == (str(inventory), problem, fix)
+
+
+def test_one_broken_file_of_an_inventory_directory_is_bad_input(tmp_path):
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "good.ini").write_text("h1\n")
+    shutil.copy(DATA / "broken.ini", tmp_path / "lab" / "broken.ini")
+    with pytest.raises(InputError) as caught:
+        load_inventory(tmp_path / "lab")  # Ansible reads every file of a directory
+    assert caught.value.problem.startswith("not an inventory Ansible can read:")
+    assert f"Unable to parse {tmp_path / 'lab' / 'broken.ini'}" in caught.value.problem
+
+
+def test_broken_variables_next_to_an_inventory_are_bad_input(tmp_path):
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "h1.yml").write_text("a: [unclosed\n")
+    (tmp_path / "lab.ini").write_text("h1\n")
+    with pytest.raises(InputError) as caught:
+        load_inventory(tmp_path / "lab.ini")
+    assert caught.value.where == str(tmp_path / "lab.ini")
+    assert caught.value.problem.startswith("Ansible cannot read it: YAML parsing failed")
+    assert (
+        caught.value.fix
+        == "give an Ansible inventory (INI or YAML) that ansible-inventory --list -i FILE reads"
+    )
+
+
+def test_reading_an_inventory_leaves_the_home_directory_alone(tmp_path):
+    # a fresh interpreter: Ansible sets its temporary directory up once per process
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {key: value for key, value in cli_env().items() if not key.startswith("ANSIBLE_")}
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, pathlib, virtlab.hosts as h; "
+         "print(len(h.load_inventory(pathlib.Path(sys.argv[1]))))", str(DATA / "lab.ini")],
+        capture_output=True, text=True, env={**env, "HOME": str(home)}, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (0, "5\n", "")
+    assert list(home.iterdir()) == []  # no ~/.ansible
+    private = Path(tempfile.gettempdir()) / f"virtlab-ansible-{os.getuid()}"
+    assert private.is_dir() and private.stat().st_mode & 0o777 == 0o700
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_host_tables_and_an_inventory_are_the_plan_s_hosts():
+    lab = plan(f'inventory = "lab.ini"\n{LAB}[[environment]]\nname = "n"\nkind = "native"\n')
+    assert [host.name for host in lab.hosts] == ["lab1", "here", "web1", "web2", "web3", "db1"]
+    assert lab.host("lab1") == Host(
+        name="lab1",
+        address="198.18.7.1",
+        user="bench",
+        port=2200,
+        identity=DATA / "keys" / "lab1",  # relative to the plan's directory
+        known_hosts=Path("/etc/virtlab/known_hosts"),
+        libvirt_uri="qemu+ssh://bench@198.18.7.1:2200/system",
+        workdir="/srv/virtlab",
+        test_address="10.9.0.1",
+        bridge="br0",
+    )
+    assert lab.environments[0].host is None and lab.environments[0].cls is NativeEnvironment
+    assert LOCAL.is_local and LOCAL.name == "local"
+    paths = plan(
+        '[[host]]\nname = "a"\naddress = "x"\nidentity = "~/.ssh/a"\nknown_hosts = "kh"\n\n'
+        '[[environment]]\nname = "n"\nkind = "native"\n'
+    )
+    assert (paths.host("a").identity, paths.host("a").known_hosts) == (Path("~/.ssh/a"), DATA / "kh")
+    with pytest.raises(KeyError, match="'b'"):
+        paths.host("b")
+
+
+def test_native_on_a_remote_host_is_that_host_over_ssh():
+    lab = plan(
+        f'{LAB}[[environment]]\nname = "here"\nkind = "native"\n\n'
+        '[[environment]]\nname = "there"\nkind = "native"\nhost = "lab1"\nbuild = "copy"\n'
+    )
+    here, there = lab.environments
+    assert (here.host, here.cls) == (None, NativeEnvironment)
+    assert (there.host, there.kind, there.cls) == ("lab1", "native", RemoteNativeEnvironment)
+    assert there.cls.kind == "native" and issubclass(there.cls, SshEnvironment)
+    assert there.options == SshOptions(
+        host="198.18.7.1",
+        user="bench",
+        port=2200,
+        identity_file=DATA / "keys" / "lab1",
+        known_hosts=Path("/etc/virtlab/known_hosts"),
+        workdir_parent="/srv/virtlab",
+        build="copy",
+    )
+    described = there.describe()
+    assert described["host"] == "lab1" and described["kind"] == "native"
+    assert "host" not in here.describe()
+    # a remote host's processes are not this machine's: no controls there
+    for kind in ("native", "ssh"):
+        error = refused(
+            f'{LAB}[[environment]]\nname = "n"\nkind = "{kind}"\nhost = "lab1"\ncontrol.nice = 5\n'
+        )
+        assert error.problem.startswith("environment[0] (n).control: "), error.problem
+    # the ssh kind's options, checked as such
+    error = refused(f'{LAB}[[environment]]\nname = "n"\nkind = "native"\nhost = "lab1"\nbuild = "fast"\n')
+    assert error.problem.startswith("environment[0] (n).build: Input should be 'remote' or 'copy'")
+    assert error.fix is not None and error.fix.startswith("build: remote: compile the C kernels there")
+    # a host of the inventory that is this machine is this machine
+    [here] = plan(
+        'inventory = "lab.ini"\n[[environment]]\nname = "n"\nkind = "native"\nhost = "here"\n'
+    ).environments
+    assert (here.host, here.cls) == (None, NativeEnvironment)
+
+
+def test_an_ssh_environment_takes_the_host_s_values_and_its_own_win():
+    lab = plan(f'{LAB}[[environment]]\nname = "r"\nkind = "ssh"\nhost = "lab1"\nport = 22\nuser = "other"\n')
+    [remote] = lab.environments
+    assert remote.host == "lab1" and remote.cls is SshEnvironment
+    assert (remote.options.host, remote.options.port, remote.options.user) == ("198.18.7.1", 22, "other")
+    assert remote.options.identity_file == DATA / "keys" / "lab1"
+    # an ssh environment's host that names no host of the plan is its address, as before hosts
+    [legacy] = plan('[[environment]]\nname = "r"\nkind = "ssh"\nhost = "198.18.9.9"\n').environments
+    assert legacy.host is None and legacy.options.host == "198.18.9.9"
+    assert legacy.options.workdir_parent == "/tmp"
+
+
+def test_an_unknown_host_is_a_plan_error_naming_the_known_ones():
+    error = refused(f'{LAB}[[environment]]\nname = "n"\nkind = "native"\nhost = "lab2"\n')
+    assert error.problem == "environment[0] (n).host: no host named 'lab2'"
+    assert error.fix == "use one of: local, lab1"
+    error = refused('[[environment]]\nname = "n"\nkind = "native"\nhost = "lab2"\n')
+    assert error.fix == 'declare it in a [[host]] table (name, address, ...) or an inventory = "lab.ini"'
+    # "local" is this machine, by name
+    [env] = plan('[[environment]]\nname = "n"\nkind = "native"\nhost = "local"\n').environments
+    assert env.host is None and env.cls is NativeEnvironment
+
+
+@pytest.mark.parametrize(
+    ("kind", "fix"),
+    [
+        ("container", 'kind = "native" and host = "lab1"'),
+        ("vm", 'uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
+        ("libvirt", 'remove host = and give uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
+    ],
+)
+def test_kinds_that_cannot_run_on_a_remote_host_yet_are_refused_with_what_to_use(kind, fix):
+    error = refused(f'{LAB}[[environment]]\nname = "e"\nkind = "{kind}"\nhost = "lab1"\n')
+    assert (
+        error.problem
+        == f"environment[0] (e).host: a {kind} environment on a remote host (lab1) is not supported yet"
+    )
+    assert fix in error.fix
+
+
+@pytest.mark.parametrize(("user", "uri"), [('user = "root"\n', "qemu+ssh://root@10.0.0.3/system"),
+                                         ("", "qemu+ssh://10.0.0.3/system")])  # fmt: skip
+def test_libvirt_refusal_builds_a_uri_when_the_host_gives_none(user, uri):
+    error = refused(
+        f'[[host]]\nname = "lab3"\naddress = "10.0.0.3"\n{user}\n'
+        '[[environment]]\nname = "e"\nkind = "libvirt"\nhost = "lab3"\n'
+    )
+    assert error.fix == f'remove host = and give uri = "{uri}": libvirt reaches that host itself'
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ('[[host]]\naddress = "x"\n', "host[0].name: required key is missing"),
+        ('[[host]]\nname = "a"\naddress = "x"\ncolour = "red"\n', "host[0] (a).colour: unknown key"),
+        ('[[host]]\nname = "a"\n', "host[0] (a).address: required key is missing"),
+        ('[[host]]\nname = "a"\naddress = "x y"\n', "host[0] (a).address: 'x y' is not a plain name"),
+        ('[[host]]\nname = "a"\naddress = "x"\nport = 0\n', "host[0] (a).port:"),
+        ('[[host]]\nname = "local"\naddress = "x"\n', "host 'local': this name means this machine"),
+        (
+            '[[host]]\nname = "a"\naddress = "x"\n\n[[host]]\nname = "a"\naddress = "y"\n',
+            "host 'a' is declared twice",
+        ),
+        ('inventory = "lab.ini"\n[[host]]\nname = "db1"\naddress = "y"\n', "host 'db1' is declared twice"),
+        ("inventory = 3\n", "inventory must be a file name"),
+        ('host = "lab1"\n', "host must be an array of tables"),
+    ],
+)
+def test_bad_host_tables_are_plan_errors(body, problem):
+    error = refused(f'{body}\n[[environment]]\nname = "n"\nkind = "native"\n')
+    assert error.problem.startswith(problem), error.problem
+    fixes = {
+        "this name means": "give the host another name",
+        "declared twice": "give every host a distinct name",
+        "inventory must be": 'write inventory = "lab.ini"',
+        "not a plain name": "give the values ssh needs to reach it",
+    }
+    for words, fix in fixes.items():
+        if words in problem:
+            assert error.fix == fix
+
+
+def test_the_inventory_is_relative_to_the_plan_file(tmp_path, monkeypatch):
+    lab = tmp_path / "lab"
+    shutil.copytree(DATA, lab)
+    path = lab / "plan.toml"
+    path.write_text(f'inventory = "lab.ini"\n[[environment]]\nname = "n"\nkind = "native"\nhost = "db1"\n'
+                    f'[study]\nname = "s"\n{WORKLOAD}')  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # not where the plan is
+    loaded = load_plan(path)
+    assert loaded.environments[0].host == "db1"
+    assert loaded.host("db1").identity == lab / "keys" / "db_ed25519"
+    error = refused('inventory = "nowhere.ini"\n[[environment]]\nname = "n"\nkind = "native"\n', lab)
+    assert error.where == str(lab / "nowhere.ini") and error.problem == "no such inventory file"
+
+
+# ----------------------------------------------------------------------------- hosts check, on fixed facts
+
+CHECK_OUTPUT = """
+== uname_m
+x86_64
+== uname_r
+6.1.0-28-amd64
+== hostname
+lab1
+== cores
+16
+== cpuinfo
+processor\t: 0
+model name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz
+flags\t\t: fpu vmx hypervisor
+== meminfo
+MemTotal:       65536000 kB
+== privilege
+none
+== numa
+1
+== kvm
+
+== virt_vm
+kvm
+== tools
+iperf3=/usr/bin/iperf3
+cc=/opt/cc=12/bin/cc
+runc=/usr/sbin/runc
+virsh=/usr/bin/virsh
+"""
+
+
+def facts_of(output: str = CHECK_OUTPUT, **changes: object) -> dict:
+    facts = read_facts(parse_sections(output), ["cc", "iperf3", "nuttcp", "runc", "virsh"], LAB1)
+    return {**facts, "clock_offset_s": 0.0012, "clock_uncertainty_s": 0.0004, **changes}
+
+
+LAB1 = Host("lab1", address="10.0.0.1", known_hosts=Path("/k"))
+
+
+def test_the_check_script_s_sections_become_the_host_s_facts():
+    facts = facts_of()
+    assert facts["host_key"] == "verified against /k"
+    assert (facts["hostname"], facts["cores"], facts["memory_bytes"]) == ("lab1", 16, 65536000 * 1024)
+    assert facts["cpu_model"] == "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz"
+    assert (facts["privilege"], facts["numa_nodes"], facts["kvm"]) == ("none", 1, "absent")
+    assert (facts["runc"], facts["libvirt"]) == ("/usr/sbin/runc", "/usr/bin/virsh")
+    assert facts["tools"] == {"cc": "/opt/cc=12/bin/cc", "iperf3": "/usr/bin/iperf3", "nuttcp": None,
+                              "runc": "/usr/sbin/runc", "virsh": "/usr/bin/virsh"}  # fmt: skip
+    assert (facts["virtualization"], facts["kernel"], facts["arch"]) == ("kvm", "6.1.0-28-amd64", "x86_64")
+    silent = read_facts({}, ["runc"], LAB1)  # a host whose probes all failed
+    assert (silent["privilege"], silent["numa_nodes"], silent["cores"], silent["runc"]) == (
+        "none",
+        None,
+        None,
+        None,
+    )
+    root = read_facts(parse_sections("== privilege\nroot\n== kvm\npresent\n== numa\n0"), [], LAB1)
+    assert (root["privilege"], root["kvm"], root["numa_nodes"]) == ("root", "present, not probed", None)
+    sudo = read_facts(parse_sections("== privilege\nsudo"), [], Host("here"))
+    assert sudo["privilege"] == "passwordless sudo" and sudo["host_key"] == "not used (this machine)"
+
+
+def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
+    problems, warnings = verdict(facts_of(), ["iperf3", "nuttcp", "cc"])
+    assert problems == (
+        "missing what the plan runs there: nuttcp; install it on that host "
+        "(or place those environments elsewhere)",
+    )
+    assert warnings == (
+        "neither root nor passwordless sudo: containers, libvirt and the plan's controls need root there; "
+        "log in as root or allow that user sudo without a password",
+    )
+    assert verdict(facts_of(), ["nuttcp", "wrk"])[0][0].startswith(
+        "missing what the plan runs there: nuttcp, wrk;"
+    )
+    assert verdict(facts_of(privilege="root"), ["iperf3"]) == ((), ())
+    # a clock is off when it is further off than the tolerance (0.5 s) beyond its uncertainty
+    assert verdict(facts_of(privilege="root", clock_offset_s=0.75, clock_uncertainty_s=0.25), []) == ((), ())
+    _, [clock] = verdict(facts_of(privilege="root", clock_offset_s=-0.7, clock_uncertainty_s=0.1), [])
+    assert clock == (
+        "its clock is -0.700 s off this machine's: timestamps of trials on different hosts disagree; "
+        "run NTP (chrony) on both"
+    )
+    _, [unread] = verdict(facts_of(privilege="root", clock_offset_s=None, clock_uncertainty_s=None), [])
+    assert unread == "its clock could not be read (date +%s.%N)"
