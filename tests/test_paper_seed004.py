@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_numa_migration_layout import _run
+from test_numa_migration_layout import migration_run
 from virtlab.paper import NOT_HERE, NotMeasured, judge_figures, judge_findings
 from virtlab.plan import load_plan
 from virtlab.results import Results
@@ -40,9 +40,9 @@ def results_of(runs: list, backend: str = "live", failures: tuple = ()) -> Resul
 
 def live_runs() -> list:
     return [
-        _run("proposal", [10.0] * 12, [5.0] * 4 + [4.0] * 8),
-        _run("reactive", [10.0] * 6 + [5.0] * 3 + [10.0] * 3, [5.0] * 12),
-        _run("default", [10.0] * 6 + [6.0] * 6, [5.0] * 12),
+        migration_run("proposal", [10.0] * 12, [5.0] * 4 + [4.0] * 8),
+        migration_run("reactive", [10.0] * 6 + [5.0] * 3 + [10.0] * 3, [5.0] * 12),
+        migration_run("default", [10.0] * 6 + [6.0] * 6, [5.0] * 12),
     ]
 
 
@@ -137,7 +137,7 @@ def test_a_failed_run_gives_its_failure_and_a_flat_one_never_recovers():
         figures["recovery"]("1-1", "reactive")
     with pytest.raises(NotMeasured, match="^1-1 / default: the migrated VM never came within 5% of its"):
         figures["recovery"]("1-1", "default")
-    runs[2] = _run("default", [10.0] * 12, [5.0] * 12, arrival=99.0)  # arrived after the run's end
+    runs[2] = migration_run("default", [10.0] * 12, [5.0] * 12, arrival=99.0)  # arrived after the run's end
     figures = figures_of(results_of(runs, failures=(failure,)))
     for name, args in [("degradation", ("1-1", "default")), ("dip", ("1-1", "default"))]:
         with pytest.raises(NotMeasured) as missing:
@@ -178,6 +178,6 @@ def test_on_two_nodes_case_1_1s_findings_are_judged_on_its_figures():
         (NOT_HERE, "case 1-1 has no resident 'resident-1' (it has resident-0)"),
     ]  # fmt: skip
     worse = live_runs()
-    worse[0] = _run("proposal", [10.0] * 6 + [8.0] * 6, [5.0] * 12)  # the proposal loses 20 % too
+    worse[0] = migration_run("proposal", [10.0] * 6 + [8.0] * 6, [5.0] * 12)  # the proposal loses 20 % too
     findings = judge_findings(paper.finding[1:2], figures_of(results_of(worse)), {"numa_nodes": 2})
     assert [f.verdict for f in findings] == ["does not hold"]
