@@ -108,7 +108,7 @@ def test_figures_of_a_series():
     assert figures.degradation_pct(times, values, 0, 6) is None  # nothing before the migration
 
 
-def _run(mode: str, migrated: list[float], resident: list[float], arrival: float = 6.0) -> dict:
+def migration_run(mode: str, migrated: list[float], resident: list[float], arrival: float = 6.0) -> dict:
     times = [t + 0.5 for t in range(len(migrated))]
     return {
         "case": "c", "mode": mode, "backend": "live", "status": "ok", "policy": "simple",
@@ -133,9 +133,9 @@ def test_section_rows_and_tables_from_fixed_runs():
             "paper": {"default_degradation_pct": -40.4, "resident_change_pct": -10.0,
                       "resident": "resident-0"}}  # fmt: skip
     runs = [
-        _run("proposal", [10.0] * 12, [5.0] * 4 + [4.0] * 8),
-        _run("reactive", [10.0] * 6 + [5.0] * 3 + [10.0] * 3, [5.0] * 12),
-        _run("default", [10.0] * 6 + [6.0] * 6, [5.0] * 12),
+        migration_run("proposal", [10.0] * 12, [5.0] * 4 + [4.0] * 8),
+        migration_run("reactive", [10.0] * 6 + [5.0] * 3 + [10.0] * 3, [5.0] * 12),
+        migration_run("default", [10.0] * 6 + [6.0] * 6, [5.0] * 12),
         None,
     ]
     section = build_section(config={"window_s": 2, "modes": ["proposal"]}, cases=[case], runs=runs,

@@ -60,10 +60,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.export.numa import write_migration_layout_reports
+from virtlab.numa import figures
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
+from virtlab.paper import Figure, NotMeasured
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.results.migration_layout import build_section
+from virtlab.results import Results
+from virtlab.results.migration_layout import (
+    CaseRow,
+    MigrationLayoutSection,
+    MigrationRun,
+    ResidentRow,
+    build_section,
+)
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape
@@ -240,6 +249,117 @@ def resolve_backend(config: MigrationLayoutConfig, nodes: Sequence[int] | None =
     )
 
 
+# --------------------------------------------------------------------------- the paper's figures
+
+PAPER_FIGURES = (
+    "degradation", "dip", "recovery", "resident_change", "resident_vs_default", "arrival", "moved_mib",
+)  # fmt: skip
+"""The figures a migration-layout study offers to a plan's [paper] rules (``migration_figures``)."""
+SIMULATED = "simulated run: a model's figure, not a measurement"
+TOLERANCE_TEXT = f"{figures.TOLERANCE:.0%}"
+NO_SERIES = "no throughput of the migrated VM before the migration or after its arrival"
+
+
+def migration_figures(results: Results) -> dict[str, Figure]:
+    """The paper's figures of a case's run in a mode, measured: a simulated run's are the model's
+    (some of its constants fitted to these very figures), so they are refused with ``SIMULATED``.
+
+    - ``degradation(case, mode)``: the migrated VM's mean after its arrival against before the
+      migration, % (negative = slower);
+    - ``dip(case, mode)``: the same for the first second after the arrival;
+    - ``recovery(case, mode)``: seconds from the arrival until the migrated VM is within 5 % of the
+      level it ends at;
+    - ``resident_change(case, resident, mode)``: a resident's mean after the arrival against before
+      the migration, %;
+    - ``resident_vs_default(case, resident)``: a resident after the arrival under the proposal against
+      under default, %;
+    - ``arrival(case, mode)``: seconds from the run's start to the migration's completion;
+    - ``moved_mib(case, mode)``: memory the layout changes moved, MiB.
+    """
+    section = None
+    if results.has_section("migration_layout"):
+        section = MigrationLayoutSection.from_dict(results.section("migration_layout"))
+
+    def row_of(case: str) -> CaseRow:
+        if section is None:
+            raise NotMeasured("these results have no migration_layout section")
+        if section.simulated:
+            raise NotMeasured(SIMULATED)
+        row = next((r for r in section.rows if r.case == case), None)
+        if row is None:
+            raise NotMeasured(
+                f"no case {case!r} in this run (it has {', '.join(r.case for r in section.rows)})"
+            )
+        return row
+
+    def run_of(case: str, mode: str) -> MigrationRun:
+        row_of(case)
+        assert section is not None
+        run = section.finished().get(case, {}).get(mode)
+        if run is not None:
+            return run
+        for failure in results.failures:
+            if failure.environment == f"{case}/{mode}":
+                raise NotMeasured(f"{case} / {mode}: {failure.phase} failed: {failure.error}")
+        raise NotMeasured(f"{case} / {mode}: no finished run (the modes run: {', '.join(section.modes)})")
+
+    def known(figure: float | None, what: str) -> float:
+        if figure is None:
+            raise NotMeasured(what)
+        return figure
+
+    def degradation(case: str, mode: str) -> float:
+        run_of(case, mode)
+        figure = row_of(case).degradation_pct.get(mode)
+        return known(figure, f"{case} / {mode}: {NO_SERIES}")
+
+    def dip(case: str, mode: str) -> float:
+        run_of(case, mode)
+        figure = row_of(case).dip_pct.get(mode)
+        return known(figure, f"{case} / {mode}: {NO_SERIES}")
+
+    def recovery(case: str, mode: str) -> float:
+        run = run_of(case, mode)
+        vm = next((vm for vm in run.vms if vm.role == "migrated"), None)
+        if vm is None or run.arrival_s is None:
+            raise NotMeasured(f"{case} / {mode}: no series of the migrated VM after an arrival")
+        figure = figures.recovery_s(vm.times_s, vm.ops_per_s, run.arrival_s)
+        never = f"the migrated VM never came within {TOLERANCE_TEXT} of its final level"
+        return known(figure, f"{case} / {mode}: {never}")
+
+    def resident_row(case: str, resident: str) -> ResidentRow:
+        row = row_of(case)
+        found = next((r for r in row.residents if r.resident == resident), None)
+        if found is None:
+            names = ", ".join(r.resident for r in row.residents)
+            raise NotMeasured(f"case {case} has no resident {resident!r} (it has {names})")
+        return found
+
+    def resident_change(case: str, resident: str, mode: str) -> float:
+        run_of(case, mode)
+        figure = resident_row(case, resident).change_pct.get(mode)
+        return known(figure, f"{case} / {mode}: no throughput of {resident} before or after the migration")
+
+    def resident_vs_default(case: str, resident: str) -> float:
+        run_of(case, "proposal")
+        run_of(case, "default")
+        figure = resident_row(case, resident).proposal_vs_default_pct
+        return known(
+            figure, f"{case}: no throughput of {resident} after the arrival under proposal or default"
+        )
+
+    def arrival(case: str, mode: str) -> float:
+        return known(run_of(case, mode).arrival_s, f"{case} / {mode}: the migration did not complete")
+
+    def moved_mib(case: str, mode: str) -> float:
+        return known(run_of(case, mode).moved_mib, f"{case} / {mode}: the run recorded no moved memory")
+
+    return {
+        "degradation": degradation, "dip": dip, "recovery": recovery, "resident_change": resident_change,
+        "resident_vs_default": resident_vs_default, "arrival": arrival, "moved_mib": moved_mib,
+    }  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the scenario
 
 
@@ -248,6 +368,7 @@ class MigrationLayoutScenario(RunsStudy):
     name = "migration_layout"
     summary = "a VM live-migrated into a loaded NUMA host under proposal / reactive / default (seed 004)"
     Config = MigrationLayoutConfig
+    paper_figures = PAPER_FIGURES
     runs_key = RUNS_KEY
     config: MigrationLayoutConfig
 
@@ -428,6 +549,9 @@ class MigrationLayoutScenario(RunsStudy):
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_migration_layout_reports(results, self.out_dir)
+
+    def paper_figures_of(self, results: Results) -> dict[str, Figure]:
+        return {**super().paper_figures_of(results), **migration_figures(results)}
 
 
 def _simulated_run(

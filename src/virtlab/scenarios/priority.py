@@ -71,8 +71,10 @@ from virtlab.environments.abilities import (
     vcpu_count,
 )
 from virtlab.export.priority import write_priority_reports
+from virtlab.paper import Figure, NotMeasured, run_figures
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
-from virtlab.results.priority import build_section
+from virtlab.results import Results
+from virtlab.results.priority import PHASES, TIMES, PrioritySection, build_section, change_pct
 from virtlab.sampler import CpuSampler, parse_stat
 from virtlab.samples import ParseError, Sample
 from virtlab.scenario_kinds import PlanProblem, register_scenario
@@ -487,6 +489,87 @@ def _alive(pid: int, start_ticks: int) -> bool:
 GUEST_KINDS: dict[str, type[Guest]] = {"vm": VmGuest, "container": ContainerGuest}
 
 
+# --------------------------------------------------------------------------- the paper's figures
+
+PAPER_FIGURES = ("guest_time", "mean_time", "rank", "change", "cpu_usage")
+"""The figures a priority study offers to a plan's [paper] rules (``priority_figures``)."""
+
+
+def priority_figures(results: Results) -> dict[str, Figure]:
+    """The seed's figures read off the priority section; a guest is named by its number as a string:
+
+    - ``guest_time(configuration, guest, metric)``: Table 2, the guest's reduced real_s, user_s or sys_s;
+    - ``mean_time(configuration, metric)``: the mean of that time over the configuration's guests;
+    - ``rank(configuration, guest, metric)``: 1 + how many guests of the configuration took less
+      (by real_s: the order they finished in, 1 = first);
+    - ``change(before, after, guest, metric)``: Table 3, the guest's change in % from one configuration
+      to the other (negative = shorter after);
+    - ``cpu_usage(configuration, guest, phase)``: the mean CPU usage of the guest's host process over
+      the phase (setup, boot, run), in % of all the host's CPUs, as the seed's Figures 1-2 stack it.
+    """
+    section = None
+    if results.has_section("priority"):
+        section = PrioritySection.from_dict(results.section("priority"))
+    value = run_figures(results)["value"]
+
+    def environments(configuration: str) -> tuple[str, ...]:
+        if section is None:
+            raise NotMeasured("these results have no priority section")
+        known = {c.name: c.environments for c in section.configurations}
+        if configuration not in known:
+            raise NotMeasured(f"no configuration {configuration!r} in this run (it has {', '.join(known)})")
+        return known[configuration]
+
+    def environment(configuration: str, guest: str) -> str:
+        names = environments(configuration)
+        if not guest.isdigit() or not 1 <= int(guest) <= len(names):
+            raise NotMeasured(f"configuration {configuration} has guests 1..{len(names)}, not {guest!r}")
+        return names[int(guest) - 1]
+
+    def guest_time(configuration: str, guest: str, metric: str) -> float:
+        name = environment(configuration, guest)
+        if metric not in TIMES:
+            raise NotMeasured(f"no time {metric!r}: the times are {', '.join(TIMES)}")
+        assert section is not None and section.workload is not None
+        row = next((r for r in section.table2 if r.environment == name), None)
+        measured = row.times.get(metric) if row is not None else None
+        # The cell says why a time is missing (its failure), so it is asked when the table has none.
+        return measured if measured is not None else value(name, section.workload, metric)
+
+    def times(configuration: str, metric: str) -> list[float]:
+        count = len(environments(configuration))
+        return [guest_time(configuration, str(guest), metric) for guest in range(1, count + 1)]
+
+    def mean_time(configuration: str, metric: str) -> float:
+        every = times(configuration, metric)
+        return sum(every) / len(every)
+
+    def rank(configuration: str, guest: str, metric: str) -> float:
+        mine = guest_time(configuration, guest, metric)
+        return 1 + sum(other < mine for other in times(configuration, metric))
+
+    def change(before: str, after: str, guest: str, metric: str) -> float:
+        figure = change_pct(guest_time(before, guest, metric), guest_time(after, guest, metric))
+        if figure is None:
+            raise NotMeasured(f"guest {guest}'s {metric} in {before} is 0: no change in % from it")
+        return figure
+
+    def cpu_usage(configuration: str, guest: str, phase: str) -> float:
+        name = environment(configuration, guest)
+        if phase not in PHASES:
+            raise NotMeasured(f"no phase {phase!r}: the phases are {', '.join(PHASES)}")
+        assert section is not None
+        means = next((g for g in section.phase_means if g.environment == name), None)
+        figures = means.phases.get(phase) if means is not None else None
+        usage = figures.usage_pct if figures is not None else None
+        if usage is None:
+            raise NotMeasured(f"{name}: no CPU usage of its host process in its {phase} phase")
+        return usage / section.host_cpus
+
+    return {"guest_time": guest_time, "mean_time": mean_time, "rank": rank, "change": change,
+            "cpu_usage": cpu_usage}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the scenario
 
 
@@ -495,6 +578,7 @@ class PriorityScenario(RunsStudy):
     name = "priority"
     summary = "K guests at once running a workload from boot, one at a higher host priority (seed 002)"
     Config = PriorityConfig
+    paper_figures = PAPER_FIGURES
     runs_key = TRIALS_KEY
     unit = "trial"
     config: PriorityConfig
@@ -710,6 +794,9 @@ class PriorityScenario(RunsStudy):
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_priority_reports(results, self.out_dir)
+
+    def paper_figures_of(self, results: Results) -> dict[str, Figure]:
+        return {**super().paper_figures_of(results), **priority_figures(results)}
 
 
 def _wait_for(guests: Sequence[Guest]) -> None:
