@@ -13,7 +13,8 @@ import pytest
 from test_consolidation_scenario import fixed_runs as consolidation_runs
 from test_scale_out import run as scale_run
 from test_scale_out import section_of as scale_section
-from virtlab.paper import NotMeasured, evaluate
+from virtlab.paper import NotMeasured, evaluate, judge_findings, unmet_needs
+from virtlab.plan import load_plan
 from virtlab.results.consolidation import ConsolidationSection
 from virtlab.results.consolidation import build_section as consolidation_section
 from virtlab.results.scale_out import ScaleOutSection
@@ -26,6 +27,82 @@ PLANS = ROOT / "src" / "virtlab" / "plans"
 
 def roundtrip(section: dict) -> dict:
     return json.loads(json.dumps(section))
+
+
+# --------------------------------------------------------------------------- the plans' [paper]
+
+SOURCE = "パフォーマンスレポート Hyper-V"
+COUNTS = {  # plan: (published figures, findings)
+    "apps-alone": (1, 19),
+    "hyperv-report": (4, 17),
+    "consolidation": (2, 13),
+    "web-scale-out": (0, 6),
+}
+
+
+def paper_of(name: str):
+    paper = load_plan(PLANS / f"{name}.toml").paper
+    assert paper is not None
+    return paper
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_each_plan_carries_the_reports_figures_and_findings(name):
+    paper = paper_of(name)
+    assert SOURCE in paper.source and "2010" in paper.source
+    assert (len(paper.figure), len(paper.finding)) == COUNTS[name]
+    assert all(finding.ref for finding in [*paper.figure, *paper.finding])
+
+
+def test_the_published_values_as_printed():
+    published = {
+        (name, figure.ref): (figure.published, figure.unit)
+        for name in COUNTS
+        for figure in paper_of(name).figure
+    }
+    assert published == {
+        ("apps-alone", "データベースサーバのアプリケーションシナリオ (SysBench, 1 → 2 コア)"): (
+            75,
+            "% gain from 1 to 2 cores",
+        ),
+        ("hyperv-report", "ディスク I/O: シーケンシャルリード (短いキュー)"): (72, "% of native"),
+        ("hyperv-report", "ディスク I/O: シーケンシャルライト (短いキュー)"): (84, "% of native"),
+        ("hyperv-report", "ネットワーク: データスループット (同一ホスト上の VM 間)"): (2037, "Mbps"),
+        ("hyperv-report", "ネットワーク: データスループット (4 VM -> 1 VM)"): (3937, "Mbps"),
+        ("consolidation", "アプリケーションミックス (1 タイル)"): (2.05, "vServCon score"),
+        ("consolidation", "アプリケーションミックス (完全負荷, 4 タイル)"): (5.31, "vServCon score"),
+    }
+
+
+def test_the_figures_the_findings_quote_are_in_their_claims():
+    claims = " ".join(f.claim for name in COUNTS for f in paper_of(name).finding)
+    for quoted in ("16.1 %", "40.5 %", "44 %", "92 %", "+76 %", "36 %", "16 W", "26 %", "10 W", "141 %",
+                   "30 %", "800-940 Mbps", "900 Mbps", "1.27", "1.55", "1.97", "3.98", "170 %", "33 %",
+                   "61 %", "3 to 5", "6 tiles"):  # fmt: skip
+        assert quoted in claims, quoted
+
+
+def test_hyperv_findings_are_never_judged_here_and_the_power_plan_needs_rapl():
+    findings = [f for name in COUNTS for f in paper_of(name).finding]
+    on_hyperv = [f for f in findings if "hyperv" in f.needs]
+    assert len(on_hyperv) == 32  # apps-alone 13, hyperv-report 6, consolidation 11, scale-out 2
+    facts = {"hyperv": False, "cores": 2.0, "rapl": None}
+    checks = judge_findings(on_hyperv, {}, facts)
+    assert {(c.verdict, c.reason) for c in checks} == {
+        ("cannot be measured here", "needs hyperv (this host: no)")
+    }
+    power = [f for f in paper_of("apps-alone").finding if f.ref == "省電力機能"]
+    assert len(power) == 4
+    assert unmet_needs(power[0].needs, facts) == [
+        "rapl (not known here)",
+        "power_plans >= 2 (not known here)",
+    ]
+
+
+def test_the_scale_out_claims_that_need_the_seeds_cores_are_not_judged_on_two():
+    needing = [f for f in paper_of("web-scale-out").finding if "cores >= 16" in f.needs]
+    assert len(needing) == 3
+    assert judge_findings(needing, {}, {"cores": 2.0})[0].reason == "needs cores >= 16 (this host: 2)"
 
 
 # --------------------------------------------------------------------------- consolidation
