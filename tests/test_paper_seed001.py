@@ -15,6 +15,7 @@ from test_scale_out import run as scale_run
 from test_scale_out import section_of as scale_section
 from virtlab.paper import NotMeasured, evaluate, judge_findings, unmet_needs
 from virtlab.plan import load_plan
+from virtlab.results import Results
 from virtlab.results.consolidation import ConsolidationSection
 from virtlab.results.consolidation import build_section as consolidation_section
 from virtlab.results.scale_out import ScaleOutSection
@@ -198,3 +199,33 @@ def test_a_failed_instance_a_count_not_run_and_a_time_say_why():
     with pytest.raises(NotMeasured, match="requests_per_s is lower-is-better"):
         scale_out.section_figures(times)["total"]("1")
     assert scale_out.section_figures(times)["per_instance"]("1") == 2.0
+
+
+# --------------------------------------------------------------------------- through the scenarios
+
+
+MEMBER = {"kind": "container"}
+
+
+def results_with(scenario: str, section: dict) -> Results:
+    """results.json of a scenario study as written: one cell and the scenario's section."""
+    cell = {"environment": "reference/web", "workload": "web", "metric": "requests_per_s", "better": "higher",
+            "trials": [100.0, 100.0]}  # fmt: skip
+    study = {"name": "s", "baseline": "reference/web", "reduction": "mean", "scenario": scenario}
+    return Results.from_dict({"version": 1, "study": study, "cells": [cell], "scenario": roundtrip(section)})
+
+
+@pytest.mark.parametrize(
+    "scenario, section, rule, expected",
+    [
+        ("consolidation", consolidation_section({"tiles": [1, 2]}, MEMBER, consolidation_runs()),
+         'total("1") * value("reference/web", "web", "requests_per_s")', 100.0),
+        ("scale_out", scale_section([scale_run(1, 0, [100.0]), scale_run(2, 0, [90.0, 90.0])]),
+         'ratio("2", "1") + overhead("reference/web", "web", "requests_per_s")', 1.8),
+    ],
+)  # fmt: skip
+def test_a_scenario_offers_its_figures_beside_every_studys(scenario, section, rule, expected):
+    study = object.__new__(SCENARIOS.get(scenario))  # paper_figures_of reads only the results
+    figures = study.paper_figures_of(results_with(scenario, section))
+    assert set(figures) == {"value", "overhead", *SCENARIOS.get(scenario).paper_figures}
+    assert evaluate(rule, figures).result == pytest.approx(expected)
