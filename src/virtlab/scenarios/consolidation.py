@@ -50,10 +50,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from virtlab import consolidation, energy
 from virtlab.environments import Environment
 from virtlab.export.consolidation import write_consolidation_reports
+from virtlab.paper import Figure, NotMeasured
 from virtlab.plan import EnvironmentSpec, StudySpec, WorkloadSpec
-from virtlab.results.consolidation import build_section
+from virtlab.results import Results
+from virtlab.results.consolidation import SCORED, ConsolidationSection, TileCount, build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
-from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
+from virtlab.scenarios.together import Instance, TogetherStudy, count_argument, run_together, with_duration
 from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS
 
@@ -108,11 +110,74 @@ def run_key(tiles: int | None, repetition: int) -> str:
     return f"consolidation/run/{run_name(tiles)}{suffix}"
 
 
+def section_figures(section: ConsolidationSection) -> dict[str, Figure]:
+    """What a [paper]'s rules read from the section (seed 001's vServCon figures): ``total("4")``,
+    a tile count's mean total score; ``score("4", "database")``, a scored role's mean score at that
+    count; ``score_per_watt("4")``, the mean total per watt of RAPL power; ``knee()``, the tile count
+    after which an added tile gains less than the plan's threshold. A missing one says why: no such
+    count in this run, a failed run's errors, energy not measured (no RAPL)."""
+    counts = {count.tiles: count for count in section.tile_counts}
+
+    def count_of(tiles: str) -> TileCount:
+        return counts[count_argument(tiles, "tiles", counts)]
+
+    def total(tiles: str) -> float:
+        count = count_of(tiles)
+        if count.total is None:
+            raise NotMeasured(f"{_tiles(count.tiles)}: no total score ({_why_no_total(count)})")
+        return count.total
+
+    def score(tiles: str, role: str) -> float:
+        if role not in SCORED:
+            raise NotMeasured(f"{role!r} has no score (the scored roles: {', '.join(SCORED)})")
+        count = count_of(tiles)
+        value = count.mean_scores.get(role)
+        if value is None:
+            raise NotMeasured(f"{_tiles(count.tiles)}: no {role} score ({_why_no_total(count)})")
+        return value
+
+    def score_per_watt(tiles: str) -> float:
+        count = count_of(tiles)
+        if count.mean_score_per_watt is None:
+            raise NotMeasured(f"{_tiles(count.tiles)}: no score per watt ({_why_no_energy(count)})")
+        return count.mean_score_per_watt
+
+    def knee() -> float:
+        if section.knee is None:
+            measured = ", ".join(str(c.tiles) for c in section.tile_counts if c.total is not None)
+            raise NotMeasured(
+                f"no knee: the total kept growing, or fewer than two tile counts have a total "
+                f"(counts with a total: {measured or 'none'})"
+            )
+        return float(section.knee)
+
+    return {"total": total, "score": score, "score_per_watt": score_per_watt, "knee": knee}
+
+
+def _tiles(count: int) -> str:
+    return f"{count} tile" + ("" if count == 1 else "s")
+
+
+def _why_no_total(count: TileCount) -> str:
+    problems = [problem for run in count.repetitions for problem in (*run.errors, *run.missing)]
+    return "; ".join(dict.fromkeys(problems)) or "no run of it finished"
+
+
+def _why_no_energy(count: TileCount) -> str:
+    unmeasured = [run.energy.missing for run in count.repetitions if run.energy and run.energy.missing]
+    if unmeasured:
+        return f"energy not measured: {unmeasured[0]}"
+    if count.total is None:
+        return f"no total score: {_why_no_total(count)}"
+    return "energy not measured in any run"
+
+
 @register_scenario
 class ConsolidationScenario(TogetherStudy):
     name = "consolidation"
     summary = "tiles of web + database + java + idle at once, scored against each alone (seed 001)"
     Config = ConsolidationConfig
+    paper_figures = ("total", "score", "score_per_watt", "knee")
     runs_key = RUNS_KEY
     what = "a consolidation study"
     config: ConsolidationConfig
@@ -231,3 +296,7 @@ class ConsolidationScenario(TogetherStudy):
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_consolidation_reports(results, self.out_dir)
+
+    def paper_figures_of(self, results: Results) -> dict[str, Figure]:
+        section = ConsolidationSection.from_dict(results.section(self.name))
+        return {**super().paper_figures_of(results), **section_figures(section)}

@@ -39,10 +39,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from virtlab.export.scale_out import write_scale_out_reports
+from virtlab.paper import Figure, NotMeasured
 from virtlab.plan import EnvironmentSpec, StudySpec, WorkloadSpec
-from virtlab.results.scale_out import build_section
+from virtlab.results import Results
+from virtlab.results.scale_out import ScaleCount, ScaleOutSection, build_section
 from virtlab.scenario_kinds import PlanProblem, register_scenario
-from virtlab.scenarios.together import Instance, TogetherStudy, run_together, with_duration
+from virtlab.scenarios.together import Instance, TogetherStudy, count_argument, run_together, with_duration
 from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS, PeerWorkload
 
@@ -86,11 +88,47 @@ def run_key(count: int, repetition: int) -> str:
     return f"scale_out/run/count{count}{suffix}"
 
 
+def section_figures(section: ScaleOutSection) -> dict[str, Figure]:
+    """What a [paper]'s rules read from the section (seed 001's 1, 8, 10 web servers): ``total("8")``,
+    a count's mean total of the figure; ``per_instance("8")``, its mean per instance; ``ratio("10",
+    "1")``, one count's total over another's. A missing one says why: no such count in this run, a
+    failed instance's error, a figure that does not add up (a time)."""
+    counts = {count.count: count for count in section.counts}
+
+    def count_of(text: str) -> ScaleCount:
+        return counts[count_argument(text, "instances", counts)]
+
+    def total(text: str) -> float:
+        count = count_of(text)
+        if not section.adds_up:
+            raise NotMeasured(f"{section.metric} is lower-is-better: it does not add up over instances")
+        if count.total is None:
+            raise NotMeasured(f"{count.count} at once: no total ({_why_unmeasured(count)})")
+        return count.total
+
+    def per_instance(text: str) -> float:
+        count = count_of(text)
+        if count.per_instance is None:
+            raise NotMeasured(f"{count.count} at once: no figure per instance ({_why_unmeasured(count)})")
+        return count.per_instance
+
+    def ratio(text: str, base: str) -> float:
+        return total(text) / total(base)
+
+    return {"total": total, "per_instance": per_instance, "ratio": ratio}
+
+
+def _why_unmeasured(count: ScaleCount) -> str:
+    errors = [error for run in count.repetitions for error in run.errors]
+    return "; ".join(dict.fromkeys(errors)) or "no run of it finished"
+
+
 @register_scenario
 class ScaleOutScenario(TogetherStudy):
     name = "scale_out"
     summary = "1, 8, 10 ... environments running one workload at once: total throughput vs count (seed 001)"
     Config = ScaleOutConfig
+    paper_figures = ("total", "per_instance", "ratio")
     runs_key = RUNS_KEY
     what = "a scale-out study"
     config: ScaleOutConfig
@@ -188,3 +226,7 @@ class ScaleOutScenario(TogetherStudy):
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_scale_out_reports(results, self.out_dir)
+
+    def paper_figures_of(self, results: Results) -> dict[str, Figure]:
+        section = ScaleOutSection.from_dict(results.section(self.name))
+        return {**super().paper_figures_of(results), **section_figures(section)}

@@ -24,6 +24,7 @@ from virtlab.build import KernelBuild
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments.abilities import BridgeNetwork
 from virtlab.environments.native import NativeEnvironment, NativeOptions
+from virtlab.paper import NotMeasured
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
@@ -38,6 +39,18 @@ from virtlab.workloads._peer import Link, PeerWorkload
 
 LOAD_SIDE = "native"
 """Where the clients of a peer workload run: the host, over virtlab's bridge."""
+
+
+def count_argument(text: str, what: str, counts: Iterable[int]) -> int:
+    """A [paper] rule's count argument ("4") as the number of one of this run's counts; NotMeasured
+    naming the counts the run has when it is not one (a seed-scale count in a small run)."""
+    have = sorted(counts)
+    listed = ", ".join(map(str, have)) or "none"
+    if not text.strip().isdigit():
+        raise NotMeasured(f"{text!r} is not a count of {what}")
+    if int(text) not in have:
+        raise NotMeasured(f"no run of {int(text)} {what} (this run's counts: {listed})")
+    return int(text)
 
 
 class Instance:
