@@ -8,6 +8,7 @@ runs through the peer protocol (``virtlab.study.peers``).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
 from virtlab.hostcache import drop_host_caches
+from virtlab.hosts import LOCAL_NAME
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.samples import Sample
@@ -36,7 +38,7 @@ from virtlab.study.preflight import no_room, preflight
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
 from virtlab.workloads._peer import PeerWorkload
 
-THIS_MACHINE = "localhost"
+THIS_MACHINE = LOCAL_NAME
 OUTPUTS_EVERY_S = 30.0
 """During a study results.json and results.csv are rewritten at most this often (results.sqlite
 has every trial at once; the end rewrites all), so that a trial costs the same in a long study."""
@@ -59,10 +61,11 @@ class GridStudy(Study):
         self.storage = SharedStorage(self.out_dir / "storage")
         self._rewrite = Throttle(OUTPUTS_EVERY_S)
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
-        # Every environment is on this machine until environments name their hosts (issue 16):
-        # then cells on different hosts run side by side, at most max_parallel_hosts at once.
-        self.host_of: dict[str, str] = {env.name: THIS_MACHINE for env in plan.environments}
-        self.max_parallel_hosts = 1
+        # Cells on different hosts run side by side, at most max_parallel_hosts at once; every
+        # environment without a host is on this machine, whose cells run one at a time.
+        self.host_of: dict[str, str] = {env.name: env.host or THIS_MACHINE for env in plan.environments}
+        self.max_parallel_hosts = plan.study.max_parallel_hosts
+        self._usage_lock = threading.Lock()
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
             (env.name, w.name)
@@ -98,7 +101,7 @@ class GridStudy(Study):
     def _show_notices(self) -> None:
         """What a peer workload's tools on this host tell before anything runs (a cipher this
         OpenSSH does not offer), for a workload whose client runs on the native side."""
-        native = {env.name for env in self.plan.environments if env.kind == "native"}
+        native = {env.name for env in self.plan.environments if env.kind == "native" and env.host is None}
         for spec in self.plan.workloads:
             workload = spec.workload
             if not isinstance(workload, PeerWorkload):
@@ -365,7 +368,8 @@ class GridStudy(Study):
                 context["host_cache"] = drop_host_caches()
             steal_before = _steal(environment)
             if self.usage is not None:
-                self.usage.trial_started(task.environment, task.workload, task.trial)
+                with self._usage_lock:  # hosts' trials start and end from their own threads
+                    self.usage.trial_started(task.environment, task.workload, task.trial)
             try:
                 if isinstance(workload, PeerWorkload):
                     samples = self._measure_peers(task.environment, workload)
@@ -373,7 +377,8 @@ class GridStudy(Study):
                     samples = measure_inside(environment, workload)
             finally:
                 if self.usage is not None:
-                    self.usage.trial_ended(task.environment)
+                    with self._usage_lock:
+                        self.usage.trial_ended(task.environment)
             missed = self.controls[task.environment].problems() if task.environment in self.controls else []
             if missed:
                 raise TrialFailure(f"the plan's controls did not apply: {missed[0]}", "\n".join(missed))
