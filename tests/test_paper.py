@@ -19,8 +19,13 @@ from virtlab.paper import (
     evaluate,
     judge_figures,
     judge_findings,
+    paper_problems,
+    paper_section,
     parse_need,
     parse_rule,
+    rule_calls,
+    run_facts,
+    run_figures,
     unmet_needs,
 )
 
@@ -238,3 +243,135 @@ def test_the_plans_paper_table_checks_its_rules_and_needs_while_parsing():
         PaperFinding(claim="c", rule="value('a', 'b', 'c') > 1", needs=["numa nodes"])
     with pytest.raises(ValidationError, match="Extra inputs"):
         PaperSpec.model_validate({"figures": []})
+
+
+def run_document(**changes: object) -> dict:
+    """A results document of fixed data: native (the baseline), vm (KVM or TCG), xen over SSH."""
+    document = {
+        "version": 1,
+        "study": {"name": "s", "baseline": "native", "reduction": "mean", "threshold_pct": 10},
+        "metadata": {"host": {"numa_nodes": 1, "cores": 2}},
+        "environments": [
+            {"name": "native", "kind": "native", "status": "ok", "manifest": {}},
+            {"name": "vm", "kind": "vm", "status": "ok", "manifest": {"accelerator": "tcg (nested KVM)"}},
+            {"name": "xen", "kind": "ssh", "status": "ok", "manifest": {"virtualization": "xen (from DMI)"}},
+        ],
+        "workloads": [{"name": "dd", "kind": "dd", "params": {}}],
+        "cells": [
+            {"environment": "native", "workload": "dd", "metric": "write_mbps", "unit": "MB/s",
+             "better": "higher", "trials": [200.0, 200.0]},
+            {"environment": "vm", "workload": "dd", "metric": "write_mbps", "unit": "MB/s",
+             "better": "higher", "trials": [150.0, 150.0]},
+            {"environment": "vm", "workload": "dd", "metric": "read_mbps", "unit": "MB/s",
+             "better": "higher", "trials": [90.0, 90.0]},
+        ],
+        "failures": [
+            {"environment": "xen", "workload": "dd", "trial": 0, "phase": "run", "error": "exit status 1",
+             "log": ""},
+        ],
+    }  # fmt: skip
+    document.update(changes)
+    return document
+
+
+def test_a_runs_figures_are_its_cells_and_a_missing_one_says_why():
+    from virtlab.results import Results
+
+    figures = run_figures(Results.from_dict(run_document()))
+    assert figures["value"]("vm", "dd", "write_mbps") == 150.0
+    assert figures["overhead"]("vm", "dd", "write_mbps") == 25.0
+    assert figures["overhead"]("native", "dd", "write_mbps") == 0.0
+    with pytest.raises(NotMeasured, match=r"^dd @ xen: run failed: exit status 1$"):
+        figures["value"]("xen", "dd", "write_mbps")
+    with pytest.raises(NotMeasured, match=r"^dd @ xen: run failed: exit status 1$"):
+        figures["overhead"]("xen", "dd", "write_mbps")
+    with pytest.raises(NotMeasured, match=r"^dd @ native: no read_mbps in this run$"):
+        figures["value"]("native", "dd", "read_mbps")
+    with pytest.raises(NotMeasured, match=r"^dd @ native: no read_mbps in this run$"):
+        figures["overhead"]("native", "dd", "read_mbps")
+    with pytest.raises(NotMeasured, match=r"^dd @ vm: no overhead \(the baseline has no read_mbps\)$"):
+        figures["overhead"]("vm", "dd", "read_mbps")
+
+
+def test_a_runs_facts_come_from_its_metadata_and_manifests():
+    from virtlab.results import Results
+
+    facts = run_facts(Results.from_dict(run_document()))
+    assert facts == {"numa_nodes": 1, "cores": 2, "kvm": False, "xen": True, "hyperv": False, "esxi": False}
+    kvm = run_document()
+    kvm["environments"][1]["manifest"] = {"accelerator": "kvm (probed: a guest ran)"}
+    kvm["environments"][2]["status"] = "failed"  # a Xen guest that was not reached proves nothing
+    assert run_facts(Results.from_dict(kvm))["kvm"] is True
+    assert run_facts(Results.from_dict(kvm))["xen"] is False
+    no_vm = run_document(
+        environments=[
+            {"name": "native", "kind": "native", "status": "ok"},
+            {
+                "name": "box",
+                "kind": "container",
+                "status": "ok",
+                "manifest": {"accelerator": "none (a container)"},
+            },
+        ]
+    )
+    assert run_facts(Results.from_dict(no_vm))["kvm"] is None
+    libvirt = run_document()
+    libvirt["environments"][1] = {
+        "name": "vm",
+        "kind": "libvirt",
+        "status": "ok",
+        "manifest": {"accelerator": "kvm"},
+    }
+    assert run_facts(Results.from_dict(libvirt))["kvm"] is True
+
+
+def test_the_section_judges_the_plans_paper_on_a_run():
+    from virtlab.results import Results
+
+    spec = PaperSpec.model_validate(
+        {
+            "source": "S",
+            "figure": [{"ref": "T12", "figure": 'value("vm", "dd", "write_mbps")', "published": 300}],
+            "finding": [{"claim": "c", "rule": 'overhead("vm", "dd", "write_mbps") > 20', "needs": ["xen"]}],
+        }
+    )
+    results = Results.from_dict(run_document())
+    section = paper_section(spec, run_figures(results), run_facts(results))
+    assert section["source"] == "S"
+    assert [(f["measured"], f["ratio"]) for f in section["figures"]] == [(150.0, 0.5)]
+    assert [(f["verdict"], f["reason"]) for f in section["findings"]] == [("holds", None)]
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ('value("vm", "dd", "write_mbps") > 0', None),
+        ('rank("c1", "1") == 1', None),
+        (
+            'speed("vm", "dd", "write_mbps") > 0',
+            "no figure 'speed' in this study; it offers value, overhead, rank",
+        ),
+        ('value("vm", "dd") > 0', "value(environment, workload, metric) takes 3 names"),
+        ('overhead("vm", "dd", "m", "x") > 0', "overhead(environment, workload, metric) takes 3 names"),
+        ('value("kvm", "dd", "m") > 0', "no environment 'kvm'; the plan has native, vm"),
+        ('overhead("vm", "fio", "m") > 0', "no workload 'fio'; the plan has dd, io"),
+    ],
+)
+def test_a_plans_paper_problems_name_what_the_study_cannot_give(rule, problem):
+    claim = "a claim long enough to be cut in the message: it goes on"
+    spec = PaperSpec(finding=[PaperFinding(claim=claim, rule=rule)])
+    found = paper_problems(spec, ("value", "overhead", "rank"), ["native", "vm"], ["dd", "io"])
+    assert found == ([] if problem is None else [f"paper.finding ({claim[:40]}): {problem}"])
+    figure = PaperSpec(figure=[PaperFigure(ref="T1", figure=rule.rsplit(" ", 2)[0], published=1)])
+    assert paper_problems(figure, ("value", "overhead", "rank"), None, None) == (
+        []
+        if problem is None or "no environment" in problem or "no workload" in problem
+        else [f"paper.figure (T1): {problem}"]
+    )
+
+
+def test_rule_calls_are_the_figures_a_rule_reads_in_order():
+    assert rule_calls('value("a", "b", "c") > 2 * overhead("d", "e", "f")') == [
+        ("value", ("a", "b", "c")),
+        ("overhead", ("d", "e", "f")),
+    ]
