@@ -5,7 +5,10 @@ they run one at a time as on one machine."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,11 +29,11 @@ def lab(tmp_path_factory):
     fleet_mod.down(directory)
 
 
-def plan_text(lab, max_parallel_hosts: int) -> str:
+def plan_text(lab, max_parallel_hosts: int, trials: int = TRIALS) -> str:
     return (
         f'inventory = "{lab.inventory}"\n\n'
-        f'[study]\nname = "lab"\ntrials = {TRIALS}\nwarmups = 0\n'
-        f'max_parallel_hosts = {max_parallel_hosts}\n\n'
+        f'[study]\nname = "lab"\ntrials = {trials}\nwarmups = 0\n'
+        f"max_parallel_hosts = {max_parallel_hosts}\n\n"
         '[[environment]]\nname = "here"\nkind = "native"\n\n'
         '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
         '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
@@ -40,7 +43,7 @@ def plan_text(lab, max_parallel_hosts: int) -> str:
 
 def trial_spans(out: Path) -> dict[str, list[tuple[int, float, float]]]:
     """Each environment's trials: (trial, started, ended), in the order they started."""
-    with sqlite3.connect(out / "results.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(out / "results.sqlite")) as db:
         rows = db.execute("SELECT environment, trial, started, elapsed_s FROM trials WHERE workload = 'idle'")
         spans: dict[str, list[tuple[int, float, float]]] = {}
         for environment, trial, started, elapsed in rows:
@@ -72,3 +75,43 @@ def test_one_host_at_a_time_is_what_max_parallel_hosts_1_asks(lab, tmp_path):
     everything = [span for found in spans.values() for span in found]
     assert len(everything) == 3 * TRIALS
     assert all(overlapping([a], [b]) == 0 for a in everything for b in everything if a is not b)
+
+
+def test_a_host_lost_mid_study_fails_only_its_cells_and_resume_finishes_them(lab, tmp_path):
+    out, trials = tmp_path / "out", 4
+    plan = parse_plan(plan_text(lab, 8, trials), "lab.toml")
+
+    def lose_fleet_2() -> None:
+        """fleet-2 goes away (its sshd and every session in it) once its first trial is stored."""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if trial_spans(out).get("two"):
+                    fleet_mod.stop_sshd(lab, "fleet-2")
+                    return
+            except sqlite3.OperationalError:  # the store is not made yet
+                pass
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=lose_fleet_2)
+    killer.start()
+    try:
+        outcome = run_study(plan, out)
+    finally:
+        killer.join()
+        fleet_mod.start_sshd(lab, "fleet-2")
+    assert outcome.exit_code == 1
+    assert outcome.failed_cells == {("two", "idle")} and not outcome.failed_environments
+    spans = trial_spans(out)
+    assert len(spans["here"]) == trials and len(spans["one"]) == trials
+    assert 1 <= len(spans["two"]) < trials
+    with contextlib.closing(sqlite3.connect(out / "results.sqlite")) as db:
+        failures = db.execute("SELECT environment, workload, error FROM failures").fetchall()
+    assert [(env, workload) for env, workload, _ in failures] == [("two", "idle")]
+    assert failures[0][2]  # the reason is stored with the failure
+    kept = spans["two"]
+    resumed = run_study(plan, out, resume=True)
+    assert resumed.exit_code == 0 and not resumed.failed_cells
+    finished = trial_spans(out)
+    assert [trial for trial, _, _ in finished["two"]] == list(range(trials))
+    assert finished["two"][: len(kept)] == kept and finished["here"] == spans["here"]
