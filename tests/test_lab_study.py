@@ -6,6 +6,7 @@ they run one at a time as on one machine."""
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
@@ -115,3 +116,30 @@ def test_a_host_lost_mid_study_fails_only_its_cells_and_resume_finishes_them(lab
     finished = trial_spans(out)
     assert [trial for trial, _, _ in finished["two"]] == list(range(trials))
     assert finished["two"][: len(kept)] == kept and finished["here"] == spans["here"]
+
+
+def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, tmp_path):
+    text = (
+        f'inventory = "{lab.inventory}"\n\n'
+        '[study]\nname = "wire"\ntrials = 2\nwarmups = 0\nbaseline = "one"\n\n'
+        '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
+        '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
+        '[[workload]]\nname = "iperf3"\nkind = "iperf3"\npeer = "one"\nduration_s = 1\n\n'
+        '[[workload]]\nname = "nuttcp"\nkind = "nuttcp"\npeer = "one"\nduration_s = 1\n'
+    )
+    out = tmp_path / "out"
+    outcome = run_study(parse_plan(text, "wire.toml"), out)
+    assert outcome.exit_code == 0 and not outcome.failed_cells
+    cells = json.loads((out / "results.json").read_text())["cells"]
+    across = {
+        c["workload"]: c for c in cells if c["environment"] == "two" and c["metric"] == "throughput_mbps"
+    }
+    fleet_1 = lab.host("fleet-1").address
+    for workload in ("iperf3", "nuttcp"):
+        # the client in fleet-2, the server in fleet-1 bound to fleet-1's own address: a real path
+        assert across[workload]["context"]["path"] == "network"
+        assert across[workload]["context"]["address"] == fleet_1
+        assert (
+            across[workload]["context"]["server"] == "one" and across[workload]["context"]["client"] == "two"
+        )
+        assert len(across[workload]["trials"]) == 2 and all(v > 0 for v in across[workload]["trials"])
