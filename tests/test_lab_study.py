@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from virtlab import fleet as fleet_mod
+from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
 
@@ -143,3 +144,15 @@ def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, t
             across[workload]["context"]["server"] == "one" and across[workload]["context"]["client"] == "two"
         )
         assert len(across[workload]["trials"]) == 2 and all(v > 0 for v in across[workload]["trials"])
+
+
+def test_a_plan_whose_host_cannot_be_reached_is_refused_before_anything_runs(lab, tmp_path):
+    out = tmp_path / "out"
+    fleet_mod.stop_sshd(lab, "fleet-2")
+    try:
+        with pytest.raises(InputError, match="host 'fleet-2': ") as refused:
+            run_study(parse_plan(plan_text(lab, 8), "lab.toml"), out)
+    finally:
+        fleet_mod.start_sshd(lab, "fleet-2")
+    assert "virtlab hosts check lab.toml" in refused.value.fix
+    assert not out.exists()  # refused before the results directory was touched

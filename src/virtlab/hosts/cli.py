@@ -56,20 +56,13 @@ def hosts_to_check(source: Path) -> tuple[tuple[Host, ...], dict[str, list[str]]
     if source.suffix not in PLAN_SUFFIXES:
         hosts = load_inventory(source)
         return hosts, {host.name: every_tool for host in hosts}, {}
-    from virtlab.environments.ssh import SshOptions
     from virtlab.plan import load_plan
+    from virtlab.study.preflight import host_needs
 
     plan = load_plan(source)
     if not plan.hosts:
         raise InputError(
             str(source), "the plan declares no hosts", 'add [[host]] tables or inventory = "lab.ini" to it'
         )
-    needs: dict[str, list[str]] = {}
-    for env in plan.environments:
-        if env.host is None:
-            continue
-        wanted = needs.setdefault(env.host, [])
-        wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
-        if isinstance(env.options, SshOptions) and env.options.build == "remote":
-            wanted.append(env.options.compiler)
+    needs = host_needs(plan)
     return plan.hosts, {host.name: every_tool for host in plan.hosts}, needs

@@ -12,6 +12,7 @@ from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import validate_against_host
 from virtlab.environments.abilities import vcpu_count
 from virtlab.errors import InputError
+from virtlab.hosts.check import check_hosts
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.storage import uses_nfs
 from virtlab.workloads._peer import PeerWorkload
@@ -70,7 +71,36 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
     if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
         problems.append(f'storage = "nfs": {nfs.missing()}')
     refuse_first(plan, problems)
-    return kernels_unless(plan, space, "make the workload's file smaller or give it a place with room")
+    refuse_first(plan, space, "make the workload's file smaller or give it a place with room")
+    refuse_first(plan, host_problems(plan), f"`virtlab hosts check {plan.source}` shows every host")
+    return kernels_for(plan)
+
+
+def host_needs(plan: Plan) -> dict[str, list[str]]:
+    """Each host the plan's environments use -> the programs it must have: the workloads' tools, and
+    the compiler where the kernels are built there."""
+    from virtlab.environments.ssh import SshOptions
+
+    needs: dict[str, list[str]] = {}
+    for env in plan.environments:
+        if env.host is None:
+            continue
+        wanted = needs.setdefault(env.host, [])
+        wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
+        if isinstance(env.options, SshOptions) and env.options.build == "remote":
+            wanted.append(env.options.compiler)
+    return {host: sorted(set(tools)) for host, tools in needs.items()}
+
+
+def host_problems(plan: Plan) -> list[str]:
+    """Every host the plan uses checked at once before anything runs (``virtlab hosts check``):
+    one that cannot be reached, whose key does not match, or that lacks a program is refused here,
+    not found out as a failed environment after the other hosts' set-up."""
+    needs = host_needs(plan)
+    if not needs:
+        return []
+    checks = check_hosts([plan.host(name) for name in needs], needs, needs)
+    return [f"host {check.host.name!r}: {'; '.join(check.problems)}" for check in checks if not check.ok]
 
 
 INSTALL_FIX = "change the plan or install what is missing (`virtlab doctor`)"
