@@ -223,7 +223,7 @@ def test_findings_hold_do_not_hold_or_cannot_be_measured_here_with_the_reason():
         "rule": 'overhead("vm", "dd", "write_mbps") > overhead("vm", "himeno", "mflops")',
         "figures": {"overhead('vm', 'dd', 'write_mbps')": 40.0, "overhead('vm', 'himeno', 'mflops')": 5.0},
     }  # fmt: skip
-    assert checks[1].read == {"overhead('vm', 'himeno', 'mflops')": 5.0}
+    assert checks[1].figures == {"overhead('vm', 'himeno', 'mflops')": 5.0}
 
 
 def test_the_plans_paper_table_checks_its_rules_and_needs_while_parsing():

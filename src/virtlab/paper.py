@@ -24,7 +24,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -267,10 +267,7 @@ class FigureCheck:
     """Why there is no measured figure."""
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "ref": self.ref, "figure": self.figure, "published": self.published, "unit": self.unit,
-            "measured": self.measured, "ratio": self.ratio, "reason": self.reason,
-        }  # fmt: skip
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -282,14 +279,11 @@ class FindingCheck:
     rule: str
     verdict: Verdict
     reason: str | None
-    read: Mapping[str, float]
+    figures: dict[str, float]
     """Every figure the rule read, by its call as written (overhead("vm", "dd", "write_mbps"))."""
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "claim": self.claim, "ref": self.ref, "rule": self.rule, "verdict": self.verdict,
-            "reason": self.reason, "figures": dict(self.read),
-        }  # fmt: skip
+        return asdict(self)
 
 
 def judge_figures(published: Sequence[PaperFigure], figures: Mapping[str, Figure]) -> list[FigureCheck]:
@@ -328,7 +322,9 @@ def judge_findings(
             checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, str(missing), {}))
             continue
         verdict: Verdict = HOLDS if bool(evaluation.result) else DOES_NOT_HOLD
-        checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, verdict, None, evaluation.read))
+        checks.append(
+            FindingCheck(finding.claim, finding.ref, finding.rule, verdict, None, dict(evaluation.read))
+        )
     return checks
 
 

@@ -37,6 +37,12 @@ DEFAULT_PLAN = "quick.toml"
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
+_MAX_PARALLEL_HOSTS = (
+    "cells on different hosts run at the same time, at most this many hosts at once (each host keeps "
+    "its own trial order); 1: one trial at a time, as on one machine"
+)
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -59,13 +65,7 @@ class StudySpec(BaseModel):
     scenario: str | None = Field(
         default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
     )
-    max_parallel_hosts: int = Field(
-        default=8,
-        ge=1,
-        le=256,
-        description="cells on different hosts run at the same time, at most this many hosts at once "
-        "(each host keeps its own trial order); 1: one trial at a time, as on one machine",
-    )
+    max_parallel_hosts: int = Field(default=8, ge=1, le=256, description=_MAX_PARALLEL_HOSTS)
     cpu_sample_interval_s: float | None = Field(
         default=None,
         ge=0.1,
