@@ -31,24 +31,25 @@ from virtlab import testhost
 @pytest.mark.slow
 def test_kill_9_at_random_moments_of_a_study_of_many_short_trials(tmp_path):
     plan, out = tmp_path / "plan.toml", tmp_path / "out"
-    trials = 800
+    trials = 2000  # enough that six strikes of up to 4 s each land before its end on a fast, idle host
     plan.write_text(
         f'[study]\nname = "many"\ntrials = {trials}\nwarmups = 0\n'
         '[[environment]]\nname = "native"\nkind = "native"\n[[workload]]\nname = "noop"\nkind = "noop"\n'
     )
     pids: set[int] = set()
     chance = random.Random(20261125)  # fixed: the same moments every run
-    kills = 0
+    kills, ended = 0, ""
     for _ in range(6):
         study = start(plan, out, *(("--resume",) if out.exists() else ()))
         pids.add(study.pid)
         time.sleep(chance.uniform(0.5, 4.0))  # from the interpreter's start to the study's end
         if study.poll() is not None:
+            ended = f"exit status {study.returncode}: {study.communicate()[1][-2000:]}"
             break
         os.killpg(study.pid, signal.SIGKILL)
         study.wait()
         kills += 1
-    assert kills >= 3, "the study ended before it could be struck"
+    assert kills >= 3, f"the study ended before it could be struck ({ended})"
     print(f"struck {kills} times")
     finish(plan, out, pids)
     assert_invariants(out, trials, {("native", "noop")}, pids)

@@ -9,11 +9,13 @@ once. On one host this is the planned order, one task after another, as a study 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
+_SETTLE_S = 0.01
 T = TypeVar("T")
 R = TypeVar("R")
 Host = Hashable
@@ -86,9 +88,15 @@ def run_by_host(
     # Each result goes to the outbox the moment its task returns (deque.append is atomic), so that
     # a Ctrl-C that lands anywhere here, even inside submit, loses no finished task's result.
     outbox: deque[tuple[int, R]] = deque()
+    begun: set[int] = set()
+    ended: set[int] = set()
 
     def work(index: int) -> None:
-        outbox.append((index, run(tasks[index])))
+        begun.add(index)
+        try:
+            outbox.append((index, run(tasks[index])))
+        finally:
+            ended.add(index)
 
     def deliver() -> None:
         while outbox:
@@ -115,8 +123,12 @@ def run_by_host(
                 error = error or future.exception()
             deliver()
     except KeyboardInterrupt:
-        # Nothing new starts; the running tasks end on their own and their results are kept.
-        pool.shutdown(wait=True)
+        # Nothing new starts; the running tasks end on their own and their results are kept. A
+        # Ctrl-C inside submit can leave a task running on a thread the pool has not recorded yet
+        # (shutdown does not wait for it): wait for every task that began until it has ended.
+        pool.shutdown(wait=True, cancel_futures=True)
+        while not begun <= ended:
+            time.sleep(_SETTLE_S)
         deliver()
         raise
     finally:
