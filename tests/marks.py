@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from virtlab import network
+from virtlab import network, testhost
 
 HOST_FACT = "host fact: "
 
@@ -68,6 +68,13 @@ def needs_tools(*tools: str) -> pytest.MarkDecorator:
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")
+
+needs_test_hosts = pytest.mark.skipif(
+    os.geteuid() != 0 or bool(testhost.missing_tools()) or shutil.which("ssh") is None,
+    reason="needs root, openssh-server, openssh-client, iproute2 and util-linux",
+)
+"""Test hosts (``SshTestHost``, the fleet): network namespaces, each with its own sshd. Set-up
+installs every program they run, so under CI a missing one fails instead of skipping."""
 
 needs_runc = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("runc") is None or bool(network.missing_tools()),

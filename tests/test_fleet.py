@@ -18,14 +18,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import marks
 from virtlab import fleet as fleet_mod
 from virtlab import network, testhost
 from virtlab.fleet import FLEET_RANGE, Fleet, FleetError, fleet_app, read_fleet
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or bool(testhost.missing_tools()) or shutil.which("ssh") is None,
-    reason="needs root, openssh-server, openssh-client, iproute2 and util-linux",
-)
+pytestmark = marks.needs_test_hosts
 
 runner = CliRunner()
 

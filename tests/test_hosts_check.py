@@ -5,7 +5,6 @@ native environment on such a host runs a whole study whose trials are stored."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -13,16 +12,14 @@ from pathlib import Path
 
 import pytest
 
+import marks
 from virtlab import testhost
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
 from virtlab_cli import virtlab
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or bool(testhost.missing_tools()) or shutil.which("ssh") is None,
-    reason="needs root, openssh-server, openssh-client, iproute2 and util-linux",
-)
+pytestmark = marks.needs_test_hosts
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+import marks
 from virtlab import fleet as fleet_mod
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
+
+pytestmark = marks.needs_test_hosts
 
 TRIALS = 3
 IDLE_S = 1.0

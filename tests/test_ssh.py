@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+import marks
 from virtlab import network, testhost
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.ssh import SshEnvironment, SshOptions
@@ -22,10 +22,7 @@ from virtlab.study import run_study
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or bool(testhost.missing_tools()) or shutil.which("ssh") is None,
-    reason="needs root, openssh-server, openssh-client, iproute2 and util-linux",
-)
+pytestmark = marks.needs_test_hosts
 
 
 @pytest.fixture(scope="module")

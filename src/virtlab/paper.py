@@ -25,7 +25,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -286,6 +286,41 @@ class FindingCheck:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class PaperVerdicts:
+    """results.json's ``paper``: the source, each published figure beside the measured one, and
+    each finding's verdict with its reason; what the report reads (``from_dict``)."""
+
+    source: str
+    figures: tuple[FigureCheck, ...]
+    findings: tuple[FindingCheck, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> PaperVerdicts:
+        def number(value: Any) -> float | None:
+            return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        figures = tuple(
+            FigureCheck(
+                str(f.get("ref", "")), str(f.get("figure", "")), number(f.get("published")) or 0.0,
+                str(f.get("unit", "")), number(f.get("measured")), number(f.get("ratio")), f.get("reason"),
+            )
+            for f in section.get("figures") or ()
+        )  # fmt: skip
+        findings = tuple(
+            FindingCheck(
+                str(f.get("claim", "")), str(f.get("ref", "")), str(f.get("rule", "")),
+                f.get("verdict", NOT_HERE), f.get("reason"),
+                {str(k): float(v) for k, v in (f.get("figures") or {}).items()},
+            )
+            for f in section.get("findings") or ()
+        )  # fmt: skip
+        return cls(str(section.get("source") or ""), figures, findings)
+
+
 def judge_figures(published: Sequence[PaperFigure], figures: Mapping[str, Figure]) -> list[FigureCheck]:
     checks = []
     for item in published:
@@ -396,13 +431,13 @@ def run_facts(results: Results) -> dict[str, float | bool | None]:
 def paper_section(
     spec: PaperSpec, figures: Mapping[str, Figure], facts: Mapping[str, float | bool | None]
 ) -> dict[str, object]:
-    """results.json's ``paper``: the source, each published figure beside the measured one, and
-    each finding's verdict with its reason."""
-    return {
-        "source": spec.source,
-        "figures": [check.to_dict() for check in judge_figures(spec.figure, figures)],
-        "findings": [check.to_dict() for check in judge_findings(spec.finding, figures, facts)],
-    }
+    """results.json's ``paper`` (``PaperVerdicts``) of the plan's [paper] judged on a run."""
+    judged = PaperVerdicts(
+        spec.source,
+        tuple(judge_figures(spec.figure, figures)),
+        tuple(judge_findings(spec.finding, figures, facts)),
+    )
+    return judged.to_dict()
 
 
 def rule_calls(text: str) -> list[tuple[str, tuple[str, ...]]]:

@@ -3,10 +3,8 @@ its findings judged (results.json's ``paper``, written by the study from the pla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from virtlab.export.report_context import Cell, Table, format_number
+from virtlab.paper import PaperVerdicts
 from virtlab.results import Results
 
 FIGURES_TITLE = "Against the paper: figures"
@@ -18,32 +16,28 @@ def paper_tables(results: Results) -> tuple[Table, ...]:
     """The two tables, or none when the plan carried no [paper]."""
     if not results.has_section("paper"):
         return ()
-    section = results.section("paper")
-    source = str(section.get("source") or "the paper")
-    return (_figures(section, source), _findings(section, source))
+    verdicts = PaperVerdicts.from_dict(results.section("paper"))
+    source = verdicts.source or "the paper"
+    return (_figures(verdicts, source), _findings(verdicts, source))
 
 
-def _number(value: Any) -> Cell:
-    return (
-        Cell(format_number(float(value)), "num") if isinstance(value, int | float) else Cell("–", "missing")
-    )
+def _number(value: float | None) -> Cell:
+    return Cell("–", "missing") if value is None else Cell(format_number(value), "num")
 
 
-def _figures(section: Mapping[str, Any], source: str) -> Table:
-    rows = []
-    for item in section.get("figures") or ():
-        reason = item.get("reason")
-        rows.append(
-            (
-                Cell(str(item.get("ref", "")), "label"),
-                Cell(str(item.get("figure", ""))),
-                Cell(str(item.get("unit", ""))),
-                _number(item.get("published")),
-                _number(item.get("measured")),
-                _number(item.get("ratio")),
-                Cell(str(reason), "missing") if reason else Cell(""),
-            )
+def _figures(verdicts: PaperVerdicts, source: str) -> Table:
+    rows = [
+        (
+            Cell(item.ref, "label"),
+            Cell(item.figure),
+            Cell(item.unit),
+            _number(item.published),
+            _number(item.measured),
+            _number(item.ratio),
+            Cell(item.reason, "missing") if item.reason else Cell(""),
         )
+        for item in verdicts.figures
+    ]
     return Table(
         "paper-figures",
         FIGURES_TITLE,
@@ -63,19 +57,17 @@ def _figures(section: Mapping[str, Any], source: str) -> Table:
     )
 
 
-def _findings(section: Mapping[str, Any], source: str) -> Table:
+def _findings(verdicts: PaperVerdicts, source: str) -> Table:
     rows = []
-    for item in section.get("findings") or ():
-        verdict = str(item.get("verdict", ""))
-        read = item.get("figures") or {}
-        evidence = "; ".join(f"{call} = {format_number(float(value))}" for call, value in read.items())
+    for item in verdicts.findings:
+        evidence = "; ".join(f"{call} = {format_number(value)}" for call, value in item.figures.items())
         rows.append(
             (
-                Cell(str(item.get("ref", "")), "label"),
-                Cell(str(item.get("claim", ""))),
-                Cell(verdict, VERDICT_KIND.get(verdict, "text")),  # type: ignore[arg-type]
-                Cell(str(item.get("reason") or evidence)),
-                Cell(str(item.get("rule", ""))),
+                Cell(item.ref, "label"),
+                Cell(item.claim),
+                Cell(item.verdict, VERDICT_KIND.get(item.verdict, "text")),  # type: ignore[arg-type]
+                Cell(item.reason or evidence),
+                Cell(item.rule),
             )
         )
     return Table(

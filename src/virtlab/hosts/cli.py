@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from virtlab.errors import InputError
-from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
-from virtlab.hosts.inventory import load_inventory
-from virtlab.hosts.model import Host
+
+if TYPE_CHECKING:
+    from virtlab.hosts.model import Host
+
+# Every `virtlab` command loads this module to mount the group: what checking hosts needs (the ssh
+# driver, the inventory reader, pydantic models) is loaded by the command that checks them.
 
 hosts_app = typer.Typer(help="The lab's hosts: check them before a study.", no_args_is_help=True)
 
@@ -27,12 +30,15 @@ def check(
     source: Annotated[Path, typer.Argument(help="a plan (.toml) or an Ansible inventory (INI or YAML)")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     max_parallel: Annotated[
-        int, typer.Option("--max-parallel", min=1, max=256, help="hosts checked at the same time")
-    ] = MAX_PARALLEL,
+        int | None,
+        typer.Option("--max-parallel", min=1, max=256, help="hosts checked at the same time (default 16)"),
+    ] = None,
 ) -> None:
     """Reach every host over SSH (host key verified) and read what it offers; exit 1 if one fails."""
+    from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
+
     hosts, tools, needs = hosts_to_check(source)
-    checks = check_hosts(hosts, tools, needs, max_parallel)
+    checks = check_hosts(hosts, tools, needs, max_parallel or MAX_PARALLEL)
     if as_json:
         document = {
             "source": str(source),
@@ -50,6 +56,7 @@ def hosts_to_check(source: Path) -> tuple[tuple[Host, ...], dict[str, list[str]]
     """The hosts of a plan or an inventory, the tools to look for on each and those each must have:
     a plan's hosts must have what the plan runs there (its workloads' tools, the compiler that
     builds the kernels there); an inventory's are only looked at for every workload's tools."""
+    from virtlab.hosts.inventory import load_inventory
     from virtlab.workloads import WORKLOADS
 
     every_tool = sorted({tool for _, cls in WORKLOADS for tool in cls.tools})
