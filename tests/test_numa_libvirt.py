@@ -12,6 +12,7 @@ import pytest
 
 from virtlab.environments.libvirt import DomainFiles, domain_xml
 from virtlab.environments.vm import VmOptions
+from virtlab.nfs import free_port
 from virtlab.numa.libvirt_layout import migrate_domain, migration_xml
 from virtlab.numa.placement import VmPlacement
 from virtlab.numa.topology import Node, Topology
@@ -106,7 +107,9 @@ def test_libvirt_migration_starts_the_destination_bound_and_pinned(two_daemons):
         xml = migration_xml(
             domain.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE), VmPlacement.local(0, 128), CPU1
         )
-        migrate_domain(domain, destination.uri, xml, migrate_uri="tcp://127.0.0.1:49322")
+        # A port free now, not a fixed one another test (or a lingering QEMU) may hold.
+        port = free_port("127.0.0.1")
+        migrate_domain(domain, destination.uri, xml, migrate_uri=f"tcp://127.0.0.1:{port}")
         arrived = dst.lookupByName(name)
         assert arrived.state() == [libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_MIGRATED]
         assert arrived.vcpuPinInfo(0) == [(False, True)]  # CPU 1 only
