@@ -51,6 +51,16 @@ def descends_from(pid: int, root: int) -> bool:
     return False
 
 
+PF_EXITING = 0x4
+
+
+def _exiting(stat: str) -> bool:
+    """Whether the kernel had begun to end the process. On cgroups v1 an exiting task's
+    /proc/PID/cgroup says "/" whatever its cgroup was (kernel/cgroup/cgroup.c, proc_cgroup_show),
+    so a look taken then says nothing of where the process ran."""
+    return bool(int(stat.rpartition(")")[2].split()[6]) & PF_EXITING)
+
+
 def _cpu_cgroup(pid: int) -> str | None:
     for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
         _, controllers, path = line.split(":", 2)
@@ -107,13 +117,14 @@ class ProcWatcher:
                 if "Cpus_allowed_list" in fields:
                     cpus = parse_cpu_list(fields["Cpus_allowed_list"])
                     threads[int(tid)] = (fields.get("Name", "").strip(), cpus)
-            stat = _read(f"/proc/{pid}/stat")
-            if threads and stat:
+            cpu_cgroup = _cpu_cgroup(pid)
+            stat = _read(f"/proc/{pid}/stat")  # read after the cgroup: PF_EXITING, once set, stays set
+            if threads and stat and not _exiting(stat):
                 age = (
                     time.clock_gettime(time.CLOCK_BOOTTIME)
                     - int(stat.rpartition(")")[2].split()[19]) / CLK_TCK
                 )
-                self.seen.setdefault(pid, []).append(Seen(now, age, argv, threads, _cpu_cgroup(pid)))
+                self.seen.setdefault(pid, []).append(Seen(now, age, argv, threads, cpu_cgroup))
 
     def settled(self, after_s: float) -> list[Seen]:
         """The looks at processes that had run ``after_s`` or more: the controls of a native command
