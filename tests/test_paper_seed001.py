@@ -36,7 +36,7 @@ SOURCE = "パフォーマンスレポート Hyper-V"
 SIZES = ["64", "128", "256", "512", "1k", "2k", "4k", "8k", "16k", "32k", "64k"]
 """The netperf message sizes of hyperv-report's workload names, 64 B .. 64 KiB."""
 COUNTS = {  # plan: (published figures, findings)
-    "apps-alone": (1, 19),
+    "apps-alone": (5, 19),
     "hyperv-report": (32, 17),
     "consolidation": (2, 13),
     "web-scale-out": (0, 6),
@@ -68,6 +68,8 @@ def test_the_published_values_as_printed():
             75,
             "% gain from 1 to 2 cores",
         ),
+        ("apps-alone", "省電力機能 (バランス → 高パフォーマンス)"): (16, "W more than Balanced"),
+        ("apps-alone", "省電力機能 (最小のプロセッサの状態 100 %)"): (10, "W more than Balanced"),
         ("hyperv-report", "ディスク I/O: シーケンシャルリード (短いキュー)"): (72, "% of native"),
         ("hyperv-report", "ディスク I/O: シーケンシャルライト (短いキュー)"): (84, "% of native"),
         **{
@@ -134,9 +136,15 @@ def test_hyperv_findings_are_never_judged_here_and_the_power_plan_needs_rapl():
     power = [f for f in paper_of("apps-alone").finding if f.ref == "省電力機能"]
     assert len(power) == 4
     assert unmet_needs(power[0].needs, facts) == [
+        "cpufreq_governors >= 2 (not known here)",
         "rapl (not known here)",
         "power_plans >= 2 (not known here)",
     ]
+    rules = " ".join(f.rule for f in power)
+    for environment in ("balanced", "balanced-min-100", "high-performance"):
+        assert f'"{environment}", "database", "host_power_w"' in rules
+        assert f'value("{environment}", "database", "tps")' in rules
+    assert 'value("balanced", "idle", "host_power_w")' in rules  # low load: Balanced's savings
 
 
 def test_the_scale_out_claims_that_need_the_seeds_cores_are_not_judged_on_two():

@@ -233,19 +233,25 @@ def parse_need(text: str) -> tuple[str, str | None, float | None]:
 _NEED_COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 
 
-def unmet_needs(needs: Sequence[str], facts: Mapping[str, float | bool | None]) -> list[str]:
+def unmet_needs(
+    needs: Sequence[str],
+    facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
+) -> list[str]:
     """The needs this host does not meet, each said with what the host has: "numa_nodes >= 2
-    (this host: 1)", "kvm (this host: no)", "rapl (not known here)"."""
+    (this host: 1)", "kvm (this host: no)", "rapl (not known here)"; where ``reasons`` has a sentence
+    for the fact, that sentence: "cpufreq_governors >= 2 (this host offers no cpufreq governors: ...)"."""
     unmet = []
     for need in needs:
         name, op, number = parse_need(need)
         have = facts.get(name)
+        said = (reasons or {}).get(name)
         if have is None:
-            unmet.append(f"{need.strip()} (not known here)")
+            unmet.append(f"{need.strip()} ({said or 'not known here'})")
         elif op is None and not have:
-            unmet.append(f"{name} (this host: no)")
+            unmet.append(f"{name} ({said or 'this host: no'})")
         elif op is not None and number is not None and not _NEED_COMPARE[op](float(have), number):
-            unmet.append(f"{need.strip()} (this host: {have:g})")
+            unmet.append(f"{need.strip()} ({said or f'this host: {have:g}'})")
     return unmet
 
 
@@ -341,12 +347,14 @@ def judge_findings(
     findings: Sequence[PaperFinding],
     figures: Mapping[str, Figure],
     facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
 ) -> list[FindingCheck]:
     """Each finding: "cannot be measured here" when the host lacks what it needs (the reason says
-    what) or a figure its rule reads is missing (the reason says why); else holds or does not."""
+    what, in the fact's own words where ``reasons`` has them) or a figure its rule reads is missing
+    (the reason says why); else holds or does not."""
     checks = []
     for finding in findings:
-        unmet = unmet_needs(finding.needs, facts)
+        unmet = unmet_needs(finding.needs, facts, reasons)
         if unmet:
             reason = "needs " + "; ".join(unmet)
             checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, reason, {}))
@@ -406,8 +414,10 @@ def run_figures(results: Results) -> dict[str, Figure]:
 
 def run_facts(results: Results) -> dict[str, float | bool | None]:
     """What the run's host was, as the findings' needs name it: its NUMA nodes and cores (from the
-    metadata), whether its VMs ran under KVM (None: no VM ran), and for Xen, Hyper-V and ESXi
-    whether an ``ssh`` environment of the run was a guest of one (as it detected itself)."""
+    metadata), whether its VMs ran under KVM (None: no VM ran), for Xen, Hyper-V and ESXi whether an
+    ``ssh`` environment of the run was a guest of one (as it detected itself), and for seed 001's
+    power plans how many cpufreq governors the host offers, whether it has RAPL counters and how
+    many distinct power plans the run measured (``power_plans``)."""
     host = results.metadata.host
     accelerators = {
         str((environment.manifest or {}).get("accelerator", "")).split(" ")[0]
@@ -425,17 +435,54 @@ def run_facts(results: Results) -> dict[str, float | bool | None]:
         if environment.kind == "ssh" and environment.status == "ok"
     }
     facts.update({fact: name in seen for fact, name in HYPERVISOR_FACTS.items()})
+    power = results.metadata.power
+    if power:
+        facts["cpufreq_governors"] = len(power.get("cpufreq_governors") or ())
+        facts["rapl"] = bool(power.get("rapl_zones"))
+    facts["power_plans"] = len(_plans_measured(results))
     return facts
 
 
+def _plans_measured(results: Results) -> set[str]:
+    """The distinct power plans (their settings) the run's environments ran under."""
+    plans = set()
+    for environment in results.environments:
+        plan = (environment.manifest or {}).get("power_plan") or {}
+        if environment.status == "ok" and plan.get("settings") and not plan.get("unavailable"):
+            plans.add(str(plan["settings"]))
+    return plans
+
+
+def run_fact_reasons(results: Results) -> dict[str, str]:
+    """The facts' own sentences, for a need the run does not meet: why the host offers no cpufreq
+    governors or no RAPL counters, and which power plans the run measured."""
+    power = results.metadata.power
+    reasons: dict[str, str] = {}
+    if power:
+        governors = power.get("cpufreq_governors") or []
+        reasons["cpufreq_governors"] = str(
+            power.get("cpufreq_missing") or f"this host offers {len(governors)}: {', '.join(governors)}"
+        )
+        if power.get("rapl_missing"):
+            reasons["rapl"] = str(power["rapl_missing"])
+    measured = sorted(_plans_measured(results))
+    reasons["power_plans"] = f"this run measured {len(measured)} power plan(s)" + (
+        f": {'; '.join(measured)}" if measured else ""
+    )
+    return reasons
+
+
 def paper_section(
-    spec: PaperSpec, figures: Mapping[str, Figure], facts: Mapping[str, float | bool | None]
+    spec: PaperSpec,
+    figures: Mapping[str, Figure],
+    facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
 ) -> dict[str, object]:
     """results.json's ``paper`` (``PaperVerdicts``) of the plan's [paper] judged on a run."""
     judged = PaperVerdicts(
         spec.source,
         tuple(judge_figures(spec.figure, figures)),
-        tuple(judge_findings(spec.finding, figures, facts)),
+        tuple(judge_findings(spec.finding, figures, facts, reasons)),
     )
     return judged.to_dict()
 
