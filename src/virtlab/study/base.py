@@ -31,7 +31,7 @@ from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.export import write_reports, write_results_json
 from virtlab.outputs import write_outputs
-from virtlab.paper import Figure, paper_section, run_fact_reasons, run_facts, run_figures
+from virtlab.paper import Figure, paper_section, run_fact_reasons, run_facts, run_figures, setup_values
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.results import Results
@@ -221,7 +221,11 @@ class Study(ABC):
         if self.plan.paper is not None:
             model = Results.from_dict(results)
             results["paper"] = paper_section(
-                self.plan.paper, self.paper_figures_of(model), run_facts(model), run_fact_reasons(model)
+                self.plan.paper,
+                self.paper_figures_of(model),
+                run_facts(model),
+                run_fact_reasons(model),
+                setup_values(model),
             )
         if section is not None or self.plan.paper is not None:
             write_results_json(results, self.out_dir / "results.json")
