@@ -15,10 +15,20 @@ from virtlab.cpufreq import NO_CPUFREQ, Offer, PowerPlanSpec, read_offer
 from virtlab.doctor import power_plans_check
 from virtlab.energy import EnergyReading, power_facts
 from virtlab.errors import InputError
-from virtlab.paper import PaperFinding, judge_findings, run_fact_reasons, run_facts, unmet_needs
+from virtlab.paper import (
+    UNAVAILABLE_PHASE,
+    NotMeasured,
+    PaperFinding,
+    judge_findings,
+    run_fact_reasons,
+    run_facts,
+    run_figures,
+    unmet_needs,
+)
 from virtlab.plan import parse_plan
 from virtlab.results import Results
 from virtlab.study.grid import energy_samples, power_plan_record
+from virtlab.study.outcome import UNAVAILABLE
 from virtlab_cli import virtlab_run
 
 PLAN = """
@@ -166,6 +176,14 @@ def test_on_a_host_without_cpufreq_the_finding_says_so_in_the_hosts_words():
     results = results_with(power, [unavailable, unavailable, None])
     facts, reasons = run_facts(results), run_fact_reasons(results)
     assert (facts["cpufreq_governors"], facts["rapl"], facts["power_plans"]) == (0, False, 0)
+    # a figure of a cell the host could not measure gives the reason alone, not "failed"
+    assert UNAVAILABLE_PHASE == UNAVAILABLE
+    failure = {"environment": "fast", "workload": "noop", "phase": UNAVAILABLE,
+               "error": f"cannot be measured here: {NO_CPUFREQ}"}  # fmt: skip
+    failed = Results.from_dict({"version": 1, "study": {"name": "s"}, "cells": [], "failures": [failure]})
+    with pytest.raises(NotMeasured) as missing:
+        run_figures(failed)["value"]("fast", "noop", "host_power_w")
+    assert str(missing.value) == f"noop @ fast: cannot be measured here: {NO_CPUFREQ}"
     (check,) = judge_findings([FINDING], {}, facts, reasons)
     assert check.verdict == "cannot be measured here"
     assert check.reason == (

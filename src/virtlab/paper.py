@@ -449,6 +449,9 @@ def judge_findings(
 
 # --------------------------------------------------------------------------- a run's figures and facts
 
+UNAVAILABLE_PHASE = "unavailable"
+"""The phase of a stored failure that is no fault (``virtlab.study.outcome.UNAVAILABLE``): what the
+environment or the host cannot give, e.g. a power plan on a host without cpufreq."""
 GRID_FIGURES = ("value", "overhead")
 """The figures every study's cells give to rules (``run_figures``)."""
 HYPERVISOR_FACTS = {"xen": "xen", "hyperv": "microsoft", "esxi": "vmware"}
@@ -466,6 +469,8 @@ def run_figures(results: Results) -> dict[str, Figure]:
     def missing(environment: str, workload: str, metric: str) -> NotMeasured:
         for failure in results.failures:
             if failure.environment == environment and failure.workload in (workload, None):
+                if failure.phase == UNAVAILABLE_PHASE:  # no fault: the reason says it all
+                    return NotMeasured(f"{workload} @ {environment}: {failure.error}")
                 return NotMeasured(f"{workload} @ {environment}: {failure.phase} failed: {failure.error}")
         return NotMeasured(f"{workload} @ {environment}: no {metric} in this run")
 
