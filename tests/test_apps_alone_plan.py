@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from marks import needs_runc
+from virtlab.cpufreq import read_offer
 from virtlab_cli import virtlab_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,22 @@ def test_the_apps_alone_plan_runs_every_workload_in_every_environment(tmp_path):
     result = virtlab_run(plan, out)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((out / "results.json").read_text())
-    assert results["failures"] == []
+    # the power plans (balanced, balanced-min-100, high-performance): measured where this machine
+    # offers the governors, else every cell "cannot be measured here" with the host's reason
+    offer = read_offer()
+    power = [e for e in results["environments"] if "power_plan" in (e["manifest"] or {})]
+    assert [e["name"] for e in power] == ["balanced", "balanced-min-100", "high-performance"]
+    if offer.missing is not None:
+        reason = f"cannot be measured here: {offer.missing}"
+        assert all(e["manifest"]["power_plan"]["unavailable"] == reason for e in power)
+        assert {(f["environment"], f["phase"], f["error"]) for f in results["failures"]} == {
+            (e["name"], "unavailable", reason) for e in power
+        }
+        findings = [f for f in results["paper"]["findings"] if f["ref"] == "省電力機能"]
+        assert len(findings) == 4 and all(f["verdict"] == "cannot be measured here" for f in findings)
+        assert all(f"needs cpufreq_governors >= 2 ({offer.missing})" in f["reason"] for f in findings)
+    else:
+        assert all(f["phase"] == "unavailable" for f in results["failures"])  # a governor not offered
     cells = {(c["environment"], c["workload"], c["metric"]): c for c in results["cells"]}
     for environment in ("native", "container-1cpu", "container-2cpu"):
         for workload, metric in MAIN.items():

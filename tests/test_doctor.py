@@ -331,6 +331,10 @@ def test_rapl_resctrl_and_governor(report: DoctorReport) -> None:
     assert (report.check("resctrl (Intel RDT, AMD PQoS)").status == "ok") == mounted
     has_cpufreq = any(Path("/sys/devices/system/cpu/cpufreq").glob("policy*/scaling_governor"))
     assert (report.check("CPU governor").status == "ok") == has_cpufreq
+    governors = any(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_available_governors"))
+    power_plans = report.check("CPU power plans (cpufreq)")
+    assert (power_plans.status == "ok") == governors
+    assert governors or power_plans.detail.startswith("this host offers no cpufreq governors")
 
 
 def test_report_exports_and_renders(report: DoctorReport) -> None:

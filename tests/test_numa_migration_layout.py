@@ -16,10 +16,19 @@ from typer.testing import CliRunner
 from virtlab.cli import app
 from virtlab.control.placement import host_nodes
 from virtlab.errors import InputError
-from virtlab.export.numa import case_charts, residents_table, timeline_table
+from virtlab.export.numa import (
+    MODEL_VALUES_TITLE,
+    STANDING,
+    case_charts,
+    report_tables,
+    residents_table,
+    timeline_table,
+)
 from virtlab.numa import figures
+from virtlab.numa.calibration import FITTED_MARK, model_values
+from virtlab.numa.simulator import MODELS, Model
 from virtlab.plan import load_plan, parse_plan
-from virtlab.results.migration_layout import MigrationLayoutSection, build_section
+from virtlab.results.migration_layout import MODES, MigrationLayoutSection, build_section
 from virtlab.scenarios.migration_layout import MigrationLayoutConfig, resolve_backend
 
 PLAN = Path(str(resources.files("virtlab") / "plans" / "migration-layout.toml"))
@@ -160,6 +169,62 @@ def test_section_rows_and_tables_from_fixed_runs():
     assert chart.svg.startswith("<svg") and "Figures 5-6" in chart.title
 
 
+def test_a_simulated_sections_tables_title_every_model_figure_as_a_models():
+    case = {"name": "1-1", "policy": "simple", "migrated": "malloc_access", "residents": ["cubic_calc"],
+            "resident_names": ["resident-0"], "resident_nodes": [0], "figures": "5-6",
+            "paper": {"default_degradation_pct": -40.4, "reactive_recovery_s": 22}}  # fmt: skip
+    runs = [
+        {**migration_run(mode, [10.0] * 6 + [6.0] * 6, [5.0] * 12), "case": "1-1", "backend": backend}
+        for mode in ("proposal", "reactive", "default")
+        for backend in ("simulator",)
+    ]
+    values = model_values(Model(), MODELS, window_s=10, migration_start_s=20, migration_s=80,
+                          cases=[("1-1", (1.0, 4.0), 5.0)], local_bandwidth_mbs=10_000)  # fmt: skip
+    dicts = [v.to_dict() for v in values]
+    simulated = MigrationLayoutSection.from_dict(
+        build_section(config={"window_s": 10, "modes": list(MODES)}, cases=[case], runs=runs,
+                      backend="simulator", backend_reason="one node", model={"kappa": 0.93},
+                      model_values=dicts)
+    )  # fmt: skip
+    assert simulated.model_values == values
+    tables = report_tables(simulated)
+    assert set(tables) == {"degradation", "recovery", "residents", "timeline", "model-values"}
+    for table in tables.values():  # no model figure under a measurement's title
+        assert not any(h.startswith("measured") for h in table.header), table.header
+    degradation = tables["degradation"]
+    assert degradation.header[3:] == (
+        "model: proposal (%)",
+        "model: reactive (%)",
+        "model: default (%)",
+        "paper: default (%)",
+        STANDING,
+    )
+    assert degradation.rows[0][-1].text == "fitted: not a prediction (kappa = 0.93)"
+    recovery = tables["recovery"]
+    assert recovery.header[2:5] == ("model: reactive (s)", "paper (s)", STANDING)
+    assert recovery.rows[0][4].text == "fitted: not a prediction (reactive window (window_s) = 10 s)"
+    residents = tables["residents"]
+    assert residents.header[-1] == STANDING and residents.rows[0][-1].text == ""  # the paper has no figure
+    listed = tables["model-values"]
+    assert listed.title == MODEL_VALUES_TITLE
+    assert [row[0].text for row in listed.rows] == [v.name for v in values]
+    kappa = listed.rows[0]
+    assert [c.text for c in kappa[:3]] == ["kappa", "0.93", "fitted"]
+    assert kappa[4].text.startswith('degradation("1-1", "default"), degradation("2", "default")')
+    assert 'only the rest are the model\'s "prediction"s' in listed.caption
+    # a live section: measurements, titled so, and no model's list
+    live = MigrationLayoutSection.from_dict(
+        build_section(config={"window_s": 10, "modes": list(MODES)}, cases=[case],
+                      runs=[{**r, "backend": "live"} for r in runs], backend="live", backend_reason="asked",
+                      model={"kappa": 0.93}, model_values=dicts)
+    )  # fmt: skip
+    assert live.model_values == () and live.model is None
+    live_tables = report_tables(live)
+    assert "model-values" not in live_tables
+    assert live_tables["degradation"].header[3] == "measured: proposal (%)"
+    assert STANDING not in live_tables["degradation"].header
+
+
 # --------------------------------------------------------------------------- studies end to end
 
 
@@ -185,6 +250,15 @@ def test_simulated_study_end_to_end(tmp_path):
     assert len(re.findall(r'<figure class="wide" id="case-\d"', html)) == 6
     markdown = (out / "report.md").read_text()
     assert "Residents' loss" in markdown and "| 2       | dino" in markdown
+    if expected == "simulator":  # the model's values fitted or chosen against the paper, and their figures
+        names = [value["name"] for value in section["model_values"]]
+        assert names[:5] == ["kappa", "beta", "malloc_access bandwidth", "reactive window (window_s)",
+                             "page-migration rate (page_move_mibs)"]  # fmt: skip
+        assert MODEL_VALUES_TITLE in markdown and FITTED_MARK in markdown
+        paper = results["paper"]
+        assert all(f["measured"] is None for f in paper["figures"])
+        assert [f["reason"].rsplit(": ", 1)[-1] for f in paper["figures"]][6] == "prediction"  # case 3's
+        assert all(f["verdict"] == "cannot be measured here" for f in paper["findings"])
     # every run is stored; resuming runs none again, and the report can be rebuilt from the database
     assert len(section["runs"]) == 18 and all(r["status"] == "ok" for r in section["runs"])
     again = runner.invoke(app, ["run", str(PLAN), "--out", str(out), "--resume", "--quiet"])

@@ -297,7 +297,15 @@ def test_a_runs_facts_come_from_its_metadata_and_manifests():
     from virtlab.results import Results
 
     facts = run_facts(Results.from_dict(run_document()))
-    assert facts == {"numa_nodes": 1, "cores": 2, "kvm": False, "xen": True, "hyperv": False, "esxi": False}
+    assert facts == {
+        "numa_nodes": 1,
+        "cores": 2,
+        "kvm": False,
+        "xen": True,
+        "hyperv": False,
+        "esxi": False,
+        "power_plans": 0,
+    }
     kvm = run_document()
     kvm["environments"][1]["manifest"] = {"accelerator": "kvm (probed: a guest ran)"}
     kvm["environments"][2]["status"] = "failed"  # a Xen guest that was not reached proves nothing

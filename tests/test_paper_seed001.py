@@ -33,9 +33,11 @@ def roundtrip(section: dict) -> dict:
 # --------------------------------------------------------------------------- the plans' [paper]
 
 SOURCE = "パフォーマンスレポート Hyper-V"
+SIZES = ["64", "128", "256", "512", "1k", "2k", "4k", "8k", "16k", "32k", "64k"]
+"""The netperf message sizes of hyperv-report's workload names, 64 B .. 64 KiB."""
 COUNTS = {  # plan: (published figures, findings)
-    "apps-alone": (1, 19),
-    "hyperv-report": (4, 17),
+    "apps-alone": (5, 19),
+    "hyperv-report": (32, 17),
     "consolidation": (2, 13),
     "web-scale-out": (0, 6),
 }
@@ -66,13 +68,52 @@ def test_the_published_values_as_printed():
             75,
             "% gain from 1 to 2 cores",
         ),
+        ("apps-alone", "省電力機能 (バランス → 高パフォーマンス)"): (16, "W more than Balanced"),
+        ("apps-alone", "省電力機能 (最小のプロセッサの状態 100 %)"): (10, "W more than Balanced"),
         ("hyperv-report", "ディスク I/O: シーケンシャルリード (短いキュー)"): (72, "% of native"),
         ("hyperv-report", "ディスク I/O: シーケンシャルライト (短いキュー)"): (84, "% of native"),
-        ("hyperv-report", "ネットワーク: データスループット (同一ホスト上の VM 間)"): (2037, "Mbps"),
+        **{
+            ("hyperv-report", f"ネットワーク: データスループット (送信, {size})"): (800, "Mbps")
+            for size in SIZES
+        },
+        **{
+            ("hyperv-report", f"ネットワーク: データスループット (受信, {size})"): (900, "Mbps")
+            for size in SIZES[4:]
+        },
+        **{
+            ("hyperv-report", f"ネットワーク: データスループット (同一ホスト上の VM 間, {size})"): (
+                2037,
+                "Mbps",
+            )
+            for size in SIZES
+        },
         ("hyperv-report", "ネットワーク: データスループット (4 VM -> 1 VM)"): (3937, "Mbps"),
         ("consolidation", "アプリケーションミックス (1 タイル)"): (2.05, "vServCon score"),
         ("consolidation", "アプリケーションミックス (完全負荷, 4 タイル)"): (5.31, "vServCon score"),
     }
+
+
+def test_the_netperf_sweep_has_every_size_each_way_and_vm_to_vm_with_the_papers_figure():
+    plan = load_plan(PLANS / "hyperv-report.toml")
+    sizes = {}
+    for spec in plan.workloads:
+        p = spec.workload.params
+        if spec.kind == "iperf3" and not (p.senders or p.receivers):
+            way = "to-vm2" if p.peer else p.direction
+            sizes.setdefault(way, []).append(p.message_bytes)
+            assert spec.name == f"{way}-{SIZES[len(sizes[way]) - 1]}"
+    every = [64 << i for i in range(11)]  # 64 B .. 64 KiB, the paper's 1 kB and 2 kB among them
+    assert sizes == {"send": every, "receive": every, "to-vm2": every}
+    assert plan.paper is not None
+    figures = {f.figure: f.published for f in plan.paper.figure}
+    for size in SIZES:
+        assert figures[f'value("vm1", "send-{size}", "throughput_mbps")'] == 800
+        assert figures[f'value("vm1", "to-vm2-{size}", "throughput_mbps")'] == 2037
+        assert (f'value("vm1", "receive-{size}", "throughput_mbps")' in figures) == (size not in SIZES[:4])
+    (sending,) = [f.rule for f in plan.paper.finding if f.claim.startswith("Sending from the measured")]
+    (vm_to_vm,) = [f.rule for f in plan.paper.finding if f.claim.startswith("The VM-to-VM maximum")]
+    assert all(f'"to-vm2-{size}"' in vm_to_vm for size in SIZES)
+    assert all(f'"send-{size}"' in sending for size in SIZES)
 
 
 def test_the_figures_the_findings_quote_are_in_their_claims():
@@ -95,9 +136,15 @@ def test_hyperv_findings_are_never_judged_here_and_the_power_plan_needs_rapl():
     power = [f for f in paper_of("apps-alone").finding if f.ref == "省電力機能"]
     assert len(power) == 4
     assert unmet_needs(power[0].needs, facts) == [
+        "cpufreq_governors >= 2 (not known here)",
         "rapl (not known here)",
         "power_plans >= 2 (not known here)",
     ]
+    rules = " ".join(f.rule for f in power)
+    for environment in ("balanced", "balanced-min-100", "high-performance"):
+        assert f'"{environment}", "database", "host_power_w"' in rules
+        assert f'value("{environment}", "database", "tps")' in rules
+    assert 'value("balanced", "idle", "host_power_w")' in rules  # low load: Balanced's savings
 
 
 def test_the_scale_out_claims_that_need_the_seeds_cores_are_not_judged_on_two():

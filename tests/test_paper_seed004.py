@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from test_numa_migration_layout import migration_run
+from virtlab.numa.calibration import model_values
+from virtlab.numa.simulator import MODELS, Model
 from virtlab.paper import NOT_HERE, NotMeasured, judge_figures, judge_findings
 from virtlab.plan import load_plan
 from virtlab.results import Results
@@ -22,11 +24,14 @@ CASE = {"name": "1-1", "policy": "simple", "migrated": "malloc_access", "residen
 
 def results_of(runs: list, backend: str = "live", failures: tuple = ()) -> Results:
     """A migration-layout run's results: case 1-1 with one resident, the given runs (case "c" of
-    test_numa_migration_layout's fixture renamed 1-1)."""
-    runs = [{**run, "case": "1-1"} if run else None for run in runs]
+    test_numa_migration_layout's fixture renamed 1-1); a simulated one carries the model's values."""
+    runs = [{**run, "case": "1-1", "backend": backend} if run else None for run in runs]
     config = {"window_s": 2, "modes": ["proposal", "reactive", "default"]}
+    values = [v.to_dict() for v in model_values(Model(), MODELS, window_s=10, migration_start_s=20,
+                                                migration_s=80, cases=[("1-1", (1.0, 4.0), 5.0)],
+                                                local_bandwidth_mbs=10_000)]  # fmt: skip
     section = build_section(config=config, cases=[CASE], runs=runs, backend=backend, backend_reason="asked",
-                            model={})  # fmt: skip
+                            model={"kappa": 0.93}, model_values=values)  # fmt: skip
     return Results.from_dict(
         {
             "version": 1,
@@ -149,16 +154,37 @@ def test_a_failed_run_gives_its_failure_and_a_flat_one_never_recovers():
         figures["resident_vs_default"]("1-1", "resident-0")
 
 
-def test_a_simulated_run_is_a_model_not_a_measurement():
+def test_a_simulated_run_is_a_model_not_a_measurement_and_says_what_was_fitted():
+    assert SIMULATED == "simulated run: a model's figure, not a measurement"
     figures = figures_of(results_of(live_runs(), backend="simulator"))
-    for name, args in [("degradation", ("1-1", "default")), ("resident_vs_default", ("1-1", "resident-0"))]:
+    for name, args, reason in [
+        ("degradation", ("1-1", "default"), "the model gives -40: fitted: not a prediction (kappa = 0.93)"),
+        ("degradation", ("1-1", "proposal"), "the model gives 0: prediction"),
+        ("recovery", ("1-1", "reactive"),
+         "the model gives 3.5: fitted: not a prediction (reactive window (window_s) = 10 s)"),
+        ("resident_vs_default", ("1-1", "resident-0"), "the model gives -20: prediction"),
+        ("arrival", ("1-1", "default"), "the model gives 6: an input from the paper: not a prediction "
+         "(migration start and length = 20 s + 80 s)"),
+    ]:  # fmt: skip
         with pytest.raises(NotMeasured) as missing:
             figures[name](*args)
-        assert str(missing.value) == SIMULATED == "simulated run: a model's figure, not a measurement"
+        assert str(missing.value) == f"{SIMULATED}; {reason}"
+    # what the model lacks is still said as such
+    with pytest.raises(NotMeasured, match="^no case '9' in this run"):
+        figures["degradation"]("9", "default")
     paper = load_plan(PLAN).paper
     assert paper is not None
     checks = judge_figures(paper.figure, figures)
-    assert {(c.measured, c.reason) for c in checks} == {(None, SIMULATED)}
+    assert all(c.measured is None and c.reason.startswith(SIMULATED) for c in checks[:3])
+    assert [c.reason.split(": ", 2)[-1] for c in checks[:3]] == [
+        "an input from the paper: not a prediction (migration start and length = 20 s + 80 s)",
+        "fitted: not a prediction (kappa = 0.93)",
+        "fitted: not a prediction (reactive window (window_s) = 10 s)",
+    ]
+    # no figure of a model is agreement, not even on a host where the findings could be judged
+    findings = judge_findings(paper.finding, figures, {"numa_nodes": 2})
+    assert {f.verdict for f in findings} == {NOT_HERE}
+    assert all(f.reason.startswith((SIMULATED, "no case", "case 1-1 has no")) for f in findings)
 
 
 def test_on_one_numa_node_no_finding_is_judged():

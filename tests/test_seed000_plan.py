@@ -178,3 +178,15 @@ def check(results: dict[str, Any], report: str) -> None:
                 entry = reason_of(not_measured, text)
                 assert env in entry and "no meter line between 50% and 100%" in entry
     assert not any(is_figure(c) for c in row(scp, "arcfour128 · overall"))
+
+    # Tables 1-3: the paper's set-up in its own layout, this run's values beside it
+    host = results["metadata"]["host"]
+    table1 = section(report, "Against the paper: set-up: Table 1 (実機計測環境)")
+    assert row(table1, "CPU")[0] == "Intel Xeon CPU E5506 (4Core/2.13GHz) * 4"
+    assert row(table1, "CPU")[1].startswith(f"{host['cpu_model']} ({host['cores']} logical CPUs")
+    assert row(table1, "HDD")[1] == "virtlab does not record it"
+    table2 = section(report, "Against the paper: set-up: Table 2 (ベンチマークに利用した仮想環境)")
+    qemu = next(e for e in results["environments"] if e["name"] == "kvm")["manifest"]["qemu_version"]
+    assert row(table2, "KVM: Qemu-kvm") == ["qemu-kvm-0.12.3", f"QEMU {qemu}, accelerator tcg"]
+    table3 = section(report, "Against the paper: set-up: Table 3 (仮想 OS のスペック)")
+    assert row(table3, "MEMORY")[1].startswith("KVM 1.0 GiB")

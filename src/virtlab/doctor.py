@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from virtlab import accel, nfs
+from virtlab.cpufreq import Offer, read_offer
 from virtlab.metadata import (
     UNAVAILABLE,
     boost_state,
@@ -134,6 +135,7 @@ def run_doctor(refresh: bool = False, probe_timeout_s: float = 20) -> DoctorRepo
         _check_resctrl(),
         _check_rapl(),
         _check_governor(),
+        power_plans_check(read_offer()),
     ]
     prober.join()
     kvm = probe_box[0]
@@ -387,6 +389,16 @@ def _check_governor() -> Check:
         )
     fix = "" if current == "performance" else "cpupower frequency-set -g performance (steadier results)"
     return Check("CPU governor", "ok", f"{current}; boost {boost}", fix)
+
+
+def power_plans_check(offer: Offer) -> Check:
+    """Which governors and EPP values this host offers for an environment's power_plan (seed 001's
+    Balanced / High performance), or why none: then such an environment's cells are "cannot be
+    measured here"."""
+    name = "CPU power plans (cpufreq)"
+    if offer.missing:
+        return Check(name, "missing", offer.missing, "none here: a power_plan's cells cannot be measured")
+    return Check(name, "ok", offer.describe())
 
 
 def _cpu_flags() -> set[str]:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from virtlab.cpufreq import CPU_ROOT, read_offer
 from virtlab.metadata import boost_state, governor
 
 POWERCAP = Path("/sys/class/powercap")
@@ -158,6 +159,22 @@ def power_plan() -> dict[str, str | None]:
         "governor": governor(),
         "boost": boost_state(),
         "scaling_driver": _read_text(policy / "scaling_driver"),
+    }
+
+
+def power_facts(cpu_root: Path = CPU_ROOT, powercap: Path = POWERCAP) -> dict[str, object]:
+    """What this host offers for seed 001's power plans and their energy, for results.json's
+    metadata: the cpufreq governors and EPP values every CPU offers (or why none), and the RAPL zones
+    counted (or why none). The findings' needs ``cpufreq_governors``, ``rapl`` read it."""
+    offer = read_offer(cpu_root)
+    zones = rapl_zones(powercap)
+    return {
+        "cpufreq_governors": list(offer.governors),
+        "cpufreq_epp": list(offer.epp_values),
+        "cpufreq": offer.describe(),
+        "cpufreq_missing": offer.missing,
+        "rapl_zones": [zone.name for zone in zones if zone.counted] if isinstance(zones, list) else [],
+        "rapl_missing": zones if isinstance(zones, str) else None,
     }
 
 

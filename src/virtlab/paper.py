@@ -92,12 +92,56 @@ class PaperFinding(BaseModel):
         return needs
 
 
+SETUP_ROOTS = ("host", "tools", "kernels", "power", "environment")
+"""What a set-up table's ``{...}`` may name: results.json's ``metadata.host``, ``metadata.tools``,
+``metadata.kernels`` (the compiler and flags of virtlab's C kernels), ``metadata.power``, and
+``environment.NAME.…`` (that environment's manifest, plus its ``options``, ``kind`` and ``status``)."""
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+class SetupRow(BaseModel):
+    """One line of a set-up table: the paper's item and value, and this run's value as a template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item: str = Field(description='the paper\'s row: "CPU", "Memory", "Kernel"')
+    paper: str = Field(description="the paper's value, as printed")
+    this_run: str = Field(
+        default="",
+        description="this run's value: text with {host.cpu_model}, {tools.cc}, {environment.kvm.cores} ...; "
+        "empty: virtlab records nothing for it",
+    )
+
+    @field_validator("this_run")
+    @classmethod
+    def _paths(cls, text: str) -> str:
+        for path in _PLACEHOLDER.findall(text):
+            root = path.split(".")[0]
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", path) or root not in SETUP_ROOTS:
+                raise ValueError(f"{{{path}}}: name a value under {', '.join(SETUP_ROOTS)} (host.kernel)")
+            if root == "environment" and path.count(".") < 2:
+                raise ValueError(f"{{{path}}}: environment.NAME.key (environment.kvm.cpu_model)")
+        return text
+
+
+class PaperSetup(BaseModel):
+    """``[[paper.setup]]``: a table of the paper's set-up (its machine, its guests, its software) in
+    the paper's own layout, each row beside this run's value from its metadata and manifests."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str = Field(description='where in the paper: "Table 1"')
+    title: str = Field(default="", description="the table's caption")
+    row: list[SetupRow] = Field(min_length=1)
+
+
 class PaperSpec(BaseModel):
     """``[paper]``: the source and what it published."""
 
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(default="", description="the paper: authors, title, venue, year")
+    setup: list[PaperSetup] = Field(default_factory=list)
     figure: list[PaperFigure] = Field(default_factory=list)
     finding: list[PaperFinding] = Field(default_factory=list)
 
@@ -233,19 +277,25 @@ def parse_need(text: str) -> tuple[str, str | None, float | None]:
 _NEED_COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 
 
-def unmet_needs(needs: Sequence[str], facts: Mapping[str, float | bool | None]) -> list[str]:
+def unmet_needs(
+    needs: Sequence[str],
+    facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
+) -> list[str]:
     """The needs this host does not meet, each said with what the host has: "numa_nodes >= 2
-    (this host: 1)", "kvm (this host: no)", "rapl (not known here)"."""
+    (this host: 1)", "kvm (this host: no)", "rapl (not known here)"; where ``reasons`` has a sentence
+    for the fact, that sentence: "cpufreq_governors >= 2 (this host offers no cpufreq governors: ...)"."""
     unmet = []
     for need in needs:
         name, op, number = parse_need(need)
         have = facts.get(name)
+        said = (reasons or {}).get(name)
         if have is None:
-            unmet.append(f"{need.strip()} (not known here)")
+            unmet.append(f"{need.strip()} ({said or 'not known here'})")
         elif op is None and not have:
-            unmet.append(f"{name} (this host: no)")
+            unmet.append(f"{name} ({said or 'this host: no'})")
         elif op is not None and number is not None and not _NEED_COMPARE[op](float(have), number):
-            unmet.append(f"{need.strip()} (this host: {have:g})")
+            unmet.append(f"{need.strip()} ({said or f'this host: {have:g}'})")
     return unmet
 
 
@@ -287,13 +337,34 @@ class FindingCheck:
 
 
 @dataclass(frozen=True)
+class SetupLine:
+    """A row of a set-up table: the paper's value beside this run's."""
+
+    item: str
+    paper: str
+    this_run: str | None
+    """None where virtlab records nothing for the item."""
+    missing: tuple[str, ...] = ()
+    """The values the row names that this run does not have (shown as "?")."""
+
+
+@dataclass(frozen=True)
+class SetupTable:
+    ref: str
+    title: str
+    rows: tuple[SetupLine, ...]
+
+
+@dataclass(frozen=True)
 class PaperVerdicts:
-    """results.json's ``paper``: the source, each published figure beside the measured one, and
-    each finding's verdict with its reason; what the report reads (``from_dict``)."""
+    """results.json's ``paper``: the source, the paper's set-up tables beside this run's, each
+    published figure beside the measured one, and each finding's verdict with its reason; what the
+    report reads (``from_dict``)."""
 
     source: str
     figures: tuple[FigureCheck, ...]
     findings: tuple[FindingCheck, ...]
+    setups: tuple[SetupTable, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -318,7 +389,18 @@ class PaperVerdicts:
             )
             for f in section.get("findings") or ()
         )  # fmt: skip
-        return cls(str(section.get("source") or ""), figures, findings)
+        setups = tuple(
+            SetupTable(
+                str(t.get("ref", "")), str(t.get("title", "")),
+                tuple(
+                    SetupLine(str(r.get("item", "")), str(r.get("paper", "")), r.get("this_run"),
+                              tuple(r.get("missing") or ()))
+                    for r in t.get("rows") or ()
+                ),
+            )
+            for t in section.get("setups") or ()
+        )  # fmt: skip
+        return cls(str(section.get("source") or ""), figures, findings, setups)
 
 
 def judge_figures(published: Sequence[PaperFigure], figures: Mapping[str, Figure]) -> list[FigureCheck]:
@@ -341,12 +423,14 @@ def judge_findings(
     findings: Sequence[PaperFinding],
     figures: Mapping[str, Figure],
     facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
 ) -> list[FindingCheck]:
     """Each finding: "cannot be measured here" when the host lacks what it needs (the reason says
-    what) or a figure its rule reads is missing (the reason says why); else holds or does not."""
+    what, in the fact's own words where ``reasons`` has them) or a figure its rule reads is missing
+    (the reason says why); else holds or does not."""
     checks = []
     for finding in findings:
-        unmet = unmet_needs(finding.needs, facts)
+        unmet = unmet_needs(finding.needs, facts, reasons)
         if unmet:
             reason = "needs " + "; ".join(unmet)
             checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, reason, {}))
@@ -365,6 +449,9 @@ def judge_findings(
 
 # --------------------------------------------------------------------------- a run's figures and facts
 
+UNAVAILABLE_PHASE = "unavailable"
+"""The phase of a stored failure that is no fault (``virtlab.study.outcome.UNAVAILABLE``): what the
+environment or the host cannot give, e.g. a power plan on a host without cpufreq."""
 GRID_FIGURES = ("value", "overhead")
 """The figures every study's cells give to rules (``run_figures``)."""
 HYPERVISOR_FACTS = {"xen": "xen", "hyperv": "microsoft", "esxi": "vmware"}
@@ -382,6 +469,8 @@ def run_figures(results: Results) -> dict[str, Figure]:
     def missing(environment: str, workload: str, metric: str) -> NotMeasured:
         for failure in results.failures:
             if failure.environment == environment and failure.workload in (workload, None):
+                if failure.phase == UNAVAILABLE_PHASE:  # no fault: the reason says it all
+                    return NotMeasured(f"{workload} @ {environment}: {failure.error}")
                 return NotMeasured(f"{workload} @ {environment}: {failure.phase} failed: {failure.error}")
         return NotMeasured(f"{workload} @ {environment}: no {metric} in this run")
 
@@ -406,8 +495,10 @@ def run_figures(results: Results) -> dict[str, Figure]:
 
 def run_facts(results: Results) -> dict[str, float | bool | None]:
     """What the run's host was, as the findings' needs name it: its NUMA nodes and cores (from the
-    metadata), whether its VMs ran under KVM (None: no VM ran), and for Xen, Hyper-V and ESXi
-    whether an ``ssh`` environment of the run was a guest of one (as it detected itself)."""
+    metadata), whether its VMs ran under KVM (None: no VM ran), for Xen, Hyper-V and ESXi whether an
+    ``ssh`` environment of the run was a guest of one (as it detected itself), and for seed 001's
+    power plans how many cpufreq governors the host offers, whether it has RAPL counters and how
+    many distinct power plans the run measured (``power_plans``)."""
     host = results.metadata.host
     accelerators = {
         str((environment.manifest or {}).get("accelerator", "")).split(" ")[0]
@@ -425,17 +516,109 @@ def run_facts(results: Results) -> dict[str, float | bool | None]:
         if environment.kind == "ssh" and environment.status == "ok"
     }
     facts.update({fact: name in seen for fact, name in HYPERVISOR_FACTS.items()})
+    power = results.metadata.power
+    if power:
+        facts["cpufreq_governors"] = len(power.get("cpufreq_governors") or ())
+        facts["rapl"] = bool(power.get("rapl_zones"))
+    facts["power_plans"] = len(_plans_measured(results))
     return facts
 
 
+def _plans_measured(results: Results) -> set[str]:
+    """The distinct power plans (their settings) the run's environments ran under."""
+    plans = set()
+    for environment in results.environments:
+        plan = (environment.manifest or {}).get("power_plan") or {}
+        if environment.status == "ok" and plan.get("settings") and not plan.get("unavailable"):
+            plans.add(str(plan["settings"]))
+    return plans
+
+
+def run_fact_reasons(results: Results) -> dict[str, str]:
+    """The facts' own sentences, for a need the run does not meet: why the host offers no cpufreq
+    governors or no RAPL counters, and which power plans the run measured."""
+    power = results.metadata.power
+    reasons: dict[str, str] = {}
+    if power:
+        governors = power.get("cpufreq_governors") or []
+        reasons["cpufreq_governors"] = str(
+            power.get("cpufreq_missing") or f"this host offers {len(governors)}: {', '.join(governors)}"
+        )
+        if power.get("rapl_missing"):
+            reasons["rapl"] = str(power["rapl_missing"])
+    measured = sorted(_plans_measured(results))
+    reasons["power_plans"] = f"this run measured {len(measured)} power plan(s)" + (
+        f": {'; '.join(measured)}" if measured else ""
+    )
+    return reasons
+
+
+def setup_values(results: Results) -> dict[str, Any]:
+    """What a set-up table's ``{...}`` reads, by root (``SETUP_ROOTS``)."""
+    environments = {
+        e.name: {**(e.manifest or {}), "options": dict(e.options), "kind": e.kind, "status": e.status}
+        for e in results.environments
+    }
+    meta = results.metadata
+    return {
+        "host": meta.host, "tools": meta.tools, "kernels": meta.kernels, "power": meta.power,
+        "environment": environments,
+    }  # fmt: skip
+
+
+def show_value(path: str, value: Any) -> str:
+    """A value of the run as a set-up table prints it: bytes in GiB, lists joined."""
+    if path.endswith("_bytes") and isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value / 2**30:.1f} GiB"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def fill_setup(template: str, values: Mapping[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """``template`` with each ``{path}`` replaced by this run's value (pure); a value the run does
+    not have becomes "?" and is named in the second part. An empty template: None."""
+    if not template:
+        return None, ()
+    missing: list[str] = []
+
+    def one(match: re.Match[str]) -> str:
+        value: Any = values
+        for part in match.group(1).split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if value is None or value == "" or value == []:
+            missing.append(match.group(1))
+            return "?"
+        return show_value(match.group(1), value)
+
+    return _PLACEHOLDER.sub(one, template), tuple(missing)
+
+
+def judge_setups(setups: Sequence[PaperSetup], values: Mapping[str, Any]) -> list[SetupTable]:
+    tables = []
+    for setup in setups:
+        rows = []
+        for row in setup.row:
+            text, missing = fill_setup(row.this_run, values)
+            rows.append(SetupLine(row.item, row.paper, text, missing))
+        tables.append(SetupTable(setup.ref, setup.title, tuple(rows)))
+    return tables
+
+
 def paper_section(
-    spec: PaperSpec, figures: Mapping[str, Figure], facts: Mapping[str, float | bool | None]
+    spec: PaperSpec,
+    figures: Mapping[str, Figure],
+    facts: Mapping[str, float | bool | None],
+    reasons: Mapping[str, str] | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> dict[str, object]:
-    """results.json's ``paper`` (``PaperVerdicts``) of the plan's [paper] judged on a run."""
+    """results.json's ``paper`` (``PaperVerdicts``) of the plan's [paper] judged on a run;
+    ``values``: what its set-up tables read (``setup_values``)."""
     judged = PaperVerdicts(
         spec.source,
         tuple(judge_figures(spec.figure, figures)),
-        tuple(judge_findings(spec.finding, figures, facts)),
+        tuple(judge_findings(spec.finding, figures, facts, reasons)),
+        tuple(judge_setups(spec.setup, values or {})),
     )
     return judged.to_dict()
 
@@ -461,6 +644,15 @@ def paper_problems(
     grid figure with other than (environment, workload, metric), an environment or a workload the
     plan does not have (``None``: the study names them itself, as a scenario does)."""
     problems = []
+    for setup in spec.setup:
+        for row in setup.row:
+            for path in _PLACEHOLDER.findall(row.this_run):
+                name = path.split(".")[1] if path.startswith("environment.") else None
+                if name is not None and environments is not None and name not in environments:
+                    problems.append(
+                        f"paper.setup ({setup.ref}, {row.item}): no environment {name!r}; the plan has "
+                        f"{', '.join(environments)}"
+                    )
     rules = [(f"paper.figure ({f.ref})", f.figure) for f in spec.figure]
     rules += [(f"paper.finding ({f.claim[:40]})", f.rule) for f in spec.finding]
     for where, rule in rules:

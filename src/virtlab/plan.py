@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from virtlab import stats
 from virtlab.control import ControlSpec
 from virtlab.control.environment import plan_problems
+from virtlab.cpufreq import PowerPlanSpec
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.hosts import LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
@@ -119,6 +120,9 @@ class EnvironmentSpec:
     """``[environment.control]``: priority and placement of its host processes (``virtlab.control``)."""
     host: str | None = None
     """The name of the remote host it runs on (a ``Plan.hosts`` entry); None: this machine."""
+    power_plan: PowerPlanSpec | None = None
+    """``[environment.power_plan]``: this machine's frequency policy while the environment measures
+    (``virtlab.cpufreq``)."""
 
     def create(self, workdir: Path) -> Environment:
         return self.cls(self.name, self.options, workdir)
@@ -127,6 +131,8 @@ class EnvironmentSpec:
         described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
         if self.control is not None:
             described["control"] = self.control.to_dict()
+        if self.power_plan is not None:
+            described["power_plan"] = self.power_plan.model_dump(mode="json")
         if self.host is not None:
             described["host"] = self.host
         return described
@@ -356,24 +362,42 @@ def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Ho
     host = _placement(table, kind, hosts, source, where)
     if host is None:
         # The ssh kind's own ``host`` (an address) when it names no host of the plan: as before.
-        keys = ("name", "kind", "control") if kind == "ssh" else ("name", "kind", "control", "host")
+        keys = ("name", "kind", "control", "power_plan") + (() if kind == "ssh" else ("host",))
         options = _validated(cls.Options, _without(table, *keys), source, where)
     else:
         cls = _remote_class(kind, host, source, where)
-        overrides = _without(table, "name", "kind", "control", "host")
+        overrides = _without(table, "name", "kind", "control", "host", "power_plan")
         try:
             options = ssh_options(host, overrides)
         except ValidationError as error:
             raise _input_error(error, cls.Options, source, where) from None
     host_name = host.name if host is not None else None
+    power_plan = _power_plan(table, kind, host_name, source, where)
     if "control" not in table:
-        return EnvironmentSpec(name, kind, options, cls, host=host_name)
+        return EnvironmentSpec(name, kind, options, cls, host=host_name, power_plan=power_plan)
     control = _validated(ControlSpec, table["control"], source, f"{where}.control")
     problems = plan_problems(control, kind, *cls.host_scope(options), options)
     if problems:
         problem, fix = problems[0]
         raise InputError(source, f"{where}.control: {problem}", fix)
-    return EnvironmentSpec(name, kind, options, cls, control, host_name)
+    return EnvironmentSpec(name, kind, options, cls, control, host_name, power_plan)
+
+
+def _power_plan(
+    table: dict[str, Any], kind: str, host: str | None, source: str, where: str
+) -> PowerPlanSpec | None:
+    """``[environment.power_plan]``: it sets this machine's cpufreq, so only an environment that runs
+    on this machine can have one."""
+    if "power_plan" not in table:
+        return None
+    if host is not None or kind == "ssh":
+        raise InputError(
+            source,
+            f"{where}.power_plan: a power plan sets this machine's cpufreq; this environment runs on "
+            f"{host or 'another machine (ssh)'}",
+            "remove power_plan, or give it to an environment on this machine",
+        )
+    return _validated(PowerPlanSpec, table["power_plan"], source, f"{where}.power_plan")
 
 
 def _placement(

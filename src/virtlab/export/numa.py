@@ -27,6 +27,15 @@ from virtlab.export.charts import (
 from virtlab.export.scenario_report import ScenarioReport, number, renderers, scenario_report
 from virtlab.export.tables import MISSING, Cell, Table
 from virtlab.numa import figures
+from virtlab.numa.calibration import (
+    FITTED_MARK,
+    INPUT_MARK,
+    PREDICTION,
+    PROVENANCE_WORDS,
+    FigureCall,
+    call_text,
+    standing_text,
+)
 from virtlab.results.migration_layout import MODES, SIGN, Case, MigrationLayoutSection, MigrationRun
 
 MODE_WORDS = {
@@ -58,14 +67,32 @@ def _measured_word(section: MigrationLayoutSection) -> str:
     return "model" if section.simulated else "measured"
 
 
+MODEL_VALUES_TITLE = "Model: values fitted to the paper / chosen to reproduce its situations"
+STANDING = "model against the paper"
+"""The column that says, on a simulated run, whether the model's figure beside the paper's is a
+prediction or was fitted to it."""
+
+
+def _standing(section: MigrationLayoutSection, call: FigureCall, published: float | None) -> tuple[Cell, ...]:
+    """The standing column's cell on a simulated run (none on a live one): empty where the paper has
+    no figure to stand against."""
+    if not section.simulated:
+        return ()
+    return (Cell(standing_text(call, section.model_values) if published is not None else ""),)
+
+
 def degradation_table(section: MigrationLayoutSection) -> Table:
     word = _measured_word(section)
-    header = ("case", "policy", "migrated VM", *(f"{m} (%)" for m in MODES), "paper: default (%)")
+    header = (
+        "case", "policy", "migrated VM", *(f"{word}: {m} (%)" for m in MODES), "paper: default (%)",
+        *((STANDING,) if section.simulated else ()),
+    )  # fmt: skip
     body = tuple(
         (
             Cell(row.case, "label"), Cell(row.policy), Cell(row.migrated),
             *(_num(row.degradation_pct.get(m), 1, True) for m in MODES),
             _num(row.paper.default_degradation_pct, 1, True),
+            *_standing(section, ("degradation", (row.case, "default")), row.paper.default_degradation_pct),
         )
         for row in section.rows
     )  # fmt: skip
@@ -76,28 +103,46 @@ def degradation_table(section: MigrationLayoutSection) -> Table:
         body,
         f"Mean throughput from the arrival to the end of the run against the mean before the migration "
         f"started; {SIGN}. The paper: default -40.4 / -30.8 / -39.0 % (cases 1-1 / 2 / 3), the proposal "
-        "as before the migration.",
+        "as before the migration." + _standing_caption(section),
+    )
+
+
+def _standing_caption(section: MigrationLayoutSection) -> str:
+    if not section.simulated:
+        return ""
+    return (
+        f" {STANDING}: whether the model's figure beside the paper's is a prediction, or no evidence at "
+        f"all because a value of the model was fitted or chosen to reproduce it ({MODEL_VALUES_TITLE})."
     )
 
 
 def recovery_table(section: MigrationLayoutSection) -> Table:
-    window = section.window_s
+    window, word = section.window_s, _measured_word(section)
     body = tuple(
         (
             Cell(row.case, "label"), Cell(row.policy),
             _num(row.reactive_recovery_s, 0), _num(row.paper.reactive_recovery_s, 0),
+            *_standing(section, ("recovery", (row.case, "reactive")), row.paper.reactive_recovery_s),
             *(_num(row.dip_pct.get(m), 1, True) for m in MODES),
         )
         for row in section.rows
     )  # fmt: skip
     return Table(
         "recovery",
-        f"Time for reactive to recover ({_measured_word(section)}, s)",
-        ("case", "policy", "reactive (s)", "paper (s)", *(f"first second, {m} (%)" for m in MODES)),
+        f"Time for reactive to recover ({word}, s)",
+        (
+            "case",
+            "policy",
+            f"{word}: reactive (s)",
+            "paper (s)",
+            *((STANDING,) if section.simulated else ()),
+            *(f"{word}: first second, {m} (%)" for m in MODES),
+        ),  # fmt: skip
         body,
         f"Seconds from the arrival until the migrated VM is within {figures.TOLERANCE:.0%} of the level it "
         f"ends at (its last {figures.TAIL_S:g} s); reactive monitors for {window} s before it plans. First "
-        "second: the migrated VM's first second after the arrival against before the migration.",
+        "second: the migrated VM's first second after the arrival against before the migration."
+        + _standing_caption(section),
     )
 
 
@@ -113,25 +158,54 @@ def residents_table(section: MigrationLayoutSection) -> Table:
                     *(_num(resident.change_pct[m], 1, True) for m in MODES),
                     _num(resident.proposal_vs_default_pct, 1, True),
                     _num(row.paper.resident_figure(resident.resident), 1, True),
+                    *_standing(section, ("resident_vs_default", (row.case, resident.resident)),
+                               row.paper.resident_figure(resident.resident)),
                 )
             )  # fmt: skip
+    word = _measured_word(section)
     return Table(
         "residents",
-        f"Residents' loss ({_measured_word(section)}, %)",
+        f"Residents' loss ({word}, %)",
         (
             "case",
             "resident",
             "workload",
             "node",
-            *(f"{m} (%)" for m in MODES),
-            "proposal vs default (%)",
+            *(f"{word}: {m} (%)" for m in MODES),
+            f"{word}: proposal vs default (%)",
             "paper (%)",
+            *((STANDING,) if section.simulated else ()),
         ),  # fmt: skip
         tuple(body),
         "Each resident's mean throughput after the arrival against before the migration, per mode; then "
         "under the proposal against under default (the paper: -10.0 % in case 2, where default leaves the "
-        "resident alone and the proposal makes it share a node with the arriving VM).",
+        "resident alone and the proposal makes it share a node with the arriving VM)."
+        + _standing_caption(section),
         group_column=0,
+    )
+
+
+def model_values_table(section: MigrationLayoutSection) -> Table:
+    """Every value of the model fitted or chosen against the paper, taken from it or assumed, with the
+    paper's figures it makes no prediction (a simulated run's; empty on a live one)."""
+    body = tuple(
+        (
+            Cell(value.name, "label"), Cell(value.value), Cell(value.provenance), Cell(value.against),
+            Cell(", ".join(call_text(call) for call in value.figures) or MISSING),
+            Cell(value.why),
+        )
+        for value in section.model_values
+    )  # fmt: skip
+    return Table(
+        "model-values",
+        MODEL_VALUES_TITLE,
+        ("value", "this run", "how it was set", "fitted or chosen against", "no prediction of", "why"),
+        body,
+        "The model (virtlab.numa.simulator) reproduces the paper's case studies with these values. "
+        + "; ".join(f"{word}: {meaning}" for word, meaning in PROVENANCE_WORDS.items())
+        + f'. A figure a value was fitted or chosen against is marked "{FITTED_MARK}" wherever it is '
+        f"shown; one the paper's set-up gives, \"{INPUT_MARK}\"; only the rest are the model's "
+        f'"{PREDICTION}"s. None of them is a measurement.',
     )
 
 
@@ -153,14 +227,14 @@ def timeline_table(section: MigrationLayoutSection) -> Table:
         )
     return Table(
         "timeline",
-        "Timeline of each run (s since the run started)",
+        f"Timeline of each run ({_measured_word(section)}, s since the run started)",
         (
             "run",
             "status",
             *(w for _, w in TIMELINE),
             "RAM bound to node",
             "actions",
-            "moved (MiB)",
+            f"{_measured_word(section)}: moved (MiB)",
             "programs' checks",
             "migrated VM's memory",
         ),  # fmt: skip
@@ -192,8 +266,9 @@ def notes_list(section: MigrationLayoutSection) -> list[str]:
         constants = ", ".join(f"{k} = {v}" for k, v in model.items())
         notes.append(
             "simulated figures are a model's (virtlab.numa.simulator), not measurements: three of its "
-            "constants are fitted to the paper's case 1-1 and case 2 default and case 2 residents; "
-            f"{constants}"
+            "constants are fitted to three of the paper's numbers and more of its values are chosen to "
+            f"reproduce the paper's situations (see \"{MODEL_VALUES_TITLE}\"); the paper's figures they "
+            f'were fitted to are marked "{FITTED_MARK}". The model\'s constants: {constants}'
         )
     return notes
 
@@ -256,13 +331,16 @@ def case_charts(section: MigrationLayoutSection) -> list[Chart]:
 # --------------------------------------------------------------------------
 
 
-def _tables(section: MigrationLayoutSection) -> dict[str, Table]:
-    return {
+def report_tables(section: MigrationLayoutSection) -> dict[str, Table]:
+    tables = {
         "degradation": degradation_table(section),
         "recovery": recovery_table(section),
         "residents": residents_table(section),
         "timeline": timeline_table(section),
     }
+    if section.model_values:
+        tables["model-values"] = model_values_table(section)
+    return tables
 
 
 def _summary_line(section: MigrationLayoutSection, status: str | None) -> str:
@@ -290,7 +368,7 @@ def facts(results: Mapping[str, Any], section: MigrationLayoutSection) -> tuple[
 def migration_layout_report(results: Mapping[str, Any]) -> ScenarioReport:
     section = MigrationLayoutSection.from_dict(results["scenario"])
     study = results.get("study") or {}
-    tables = _tables(section)
+    tables = report_tables(section)
     return scenario_report(
         results,
         title=f"virtlab migration-layout study: {study.get('name')}",

@@ -4,7 +4,7 @@ its findings judged (results.json's ``paper``, written by the study from the pla
 from __future__ import annotations
 
 from virtlab.export.report_context import Cell, Table, format_number
-from virtlab.paper import PaperVerdicts
+from virtlab.paper import PaperVerdicts, SetupTable
 from virtlab.results import Results
 
 FIGURES_TITLE = "Against the paper: figures"
@@ -12,13 +12,41 @@ FINDINGS_TITLE = "Against the paper: findings"
 VERDICT_KIND = {"holds": "ok", "does not hold": "bad", "cannot be measured here": "missing"}
 
 
+SETUP_TITLE = "Against the paper: set-up"
+NOT_RECORDED = "virtlab does not record it"
+
+
 def paper_tables(results: Results) -> tuple[Table, ...]:
-    """The two tables, or none when the plan carried no [paper]."""
+    """The paper's set-up tables (where the plan has them) and the two tables of figures and
+    findings, or none when the plan carried no [paper]."""
     if not results.has_section("paper"):
         return ()
     verdicts = PaperVerdicts.from_dict(results.section("paper"))
     source = verdicts.source or "the paper"
-    return (_figures(verdicts, source), _findings(verdicts, source))
+    setups = tuple(_setup(table, index, source) for index, table in enumerate(verdicts.setups, 1))
+    return (*setups, _figures(verdicts, source), _findings(verdicts, source))
+
+
+def _setup(table: SetupTable, index: int, source: str) -> Table:
+    """One of the paper's set-up tables in its own layout, this run's value beside each row."""
+    rows = []
+    for line in table.rows:
+        if line.this_run is None:
+            this_run = Cell(NOT_RECORDED, "missing")
+        elif line.missing:
+            this_run = Cell(f"{line.this_run} (? = not in this run: {', '.join(line.missing)})", "missing")
+        else:
+            this_run = Cell(line.this_run)
+        rows.append((Cell(line.item, "label"), Cell(line.paper), this_run))
+    title = f"{SETUP_TITLE}: {table.ref}" + (f" ({table.title})" if table.title else "")
+    return Table(
+        f"paper-setup-{index}",
+        title,
+        ("item", "the paper", "this run"),
+        tuple(rows),
+        caption=f"{table.ref} of {source} as it is laid out there (the plan's [[paper.setup]]), each row "
+        "beside this run's value from its metadata and the environments' manifests.",
+    )
 
 
 def _number(value: float | None) -> Cell:

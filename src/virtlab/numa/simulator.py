@@ -52,6 +52,10 @@ random accesses/s x 64 B = 6.3 GB/s). The rest are *predictions* of the fitted m
 The case-study hosts have two nodes (the paper's had eight), with free memory per node chosen to
 create the paper's situations (1 and 4 GiB free for cases 1 and 3, 6 and 6 GiB for case 2); the paper
 gives no figures for those either.
+
+Every value above that was fitted or chosen against the paper is listed, as data, in
+``virtlab.numa.calibration`` (``model_values``): the report of a simulated study and bench/README
+print that list and mark each figure it was fitted to "fitted: not a prediction".
 """
 
 from __future__ import annotations

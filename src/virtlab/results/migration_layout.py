@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from virtlab.numa import figures
+from virtlab.numa.calibration import ModelValue
 
 MODES = ("proposal", "reactive", "default")
 SIGN = "change = (after - before) / before x 100: negative = slower"
@@ -73,8 +74,11 @@ def build_section(
     backend: str | None,
     backend_reason: str | None,
     model: Mapping[str, Any],
+    model_values: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """``results["scenario"]``: the plan's table, every run with its figures, the rows of the tables."""
+    """``results["scenario"]``: the plan's table, every run with its figures, the rows of the tables;
+    where a run was simulated, the model's constants and the values it fitted or chose against the
+    paper (``virtlab.numa.calibration``)."""
     kept = [dict(r) | {"figures": run_figures(r)} for r in runs if r]
     by_case: dict[str, dict[str, Mapping[str, Any]]] = {}
     for run in kept:
@@ -96,6 +100,7 @@ def build_section(
                 "residents": resident_rows(case, mine),
             }
         )
+    simulated = any(r.get("backend") == "simulator" for r in kept)
     notes = [backend_reason] if backend_reason else []
     for run in kept:
         for note in run.get("notes") or []:
@@ -109,7 +114,8 @@ def build_section(
         "config": dict(config),
         "backend": backend,
         "backend_reason": backend_reason,
-        "model": dict(model) if any(r.get("backend") == "simulator" for r in kept) else None,
+        "model": dict(model) if simulated else None,
+        "model_values": [dict(v) for v in model_values] if simulated else [],
         "sign_convention": SIGN,
         "notes": notes,
         "cases": [dict(c) for c in cases],
@@ -295,6 +301,9 @@ class MigrationLayoutSection:
     migration_start_s: float | None
     model: Mapping[str, Any] | None
     """The simulator's constants, where a run was simulated."""
+    model_values: tuple[ModelValue, ...]
+    """Where a run was simulated: every value of the model fitted or chosen against the paper, taken
+    from it or assumed; the figures they were fitted to are no predictions."""
     notes: tuple[str, ...]
     cases: tuple[Case, ...]
     rows: tuple[CaseRow, ...]
@@ -322,6 +331,7 @@ class MigrationLayoutSection:
             modes=tuple(config.get("modes") or ()),
             migration_start_s=config.get("migration_start_s"),
             model=dict(model) if model else None,
+            model_values=tuple(ModelValue.from_dict(v) for v in section.get("model_values") or ()),
             notes=tuple(section.get("notes") or ()),
             cases=tuple(Case.from_dict(c) for c in section.get("cases") or ()),
             rows=tuple(CaseRow.from_dict(r) for r in section.get("rows") or ()),

@@ -134,6 +134,9 @@ class Metadata:
     host: Mapping[str, Any] = field(default_factory=dict)
     tools: Mapping[str, Any] = field(default_factory=dict)
     kernels: Mapping[str, Any] = field(default_factory=dict)
+    power: Mapping[str, Any] = field(default_factory=dict)
+    """What the host offers for power plans and energy (``energy.power_facts``); empty in results
+    written before it was recorded."""
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ from virtlab.build import KernelBuild
 from virtlab.control.placement import host_nodes
 from virtlab.export.numa import write_migration_layout_reports
 from virtlab.numa import figures
+from virtlab.numa.calibration import ModelValue, model_values, standing_text
 from virtlab.numa.policies import POLICIES
 from virtlab.numa.simulator import MODELS, CaseSetup, Model, case_study
+from virtlab.numa.topology import NOMINAL_LOCAL_BANDWIDTH_MBS
 from virtlab.paper import Figure, NotMeasured
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.results import Results
@@ -262,7 +264,8 @@ NO_SERIES = "no throughput of the migrated VM before the migration or after its 
 
 def migration_figures(results: Results) -> dict[str, Figure]:
     """The paper's figures of a case's run in a mode, measured: a simulated run's are the model's
-    (some of its constants fitted to these very figures), so they are refused with ``SIMULATED``.
+    (some of its values fitted or chosen against these very figures), so they are refused with
+    ``SIMULATED``, what the model gives and whether it is a prediction (``virtlab.numa.calibration``).
 
     - ``degradation(case, mode)``: the migrated VM's mean after its arrival against before the
       migration, % (negative = slower);
@@ -283,8 +286,6 @@ def migration_figures(results: Results) -> dict[str, Figure]:
     def row_of(case: str) -> CaseRow:
         if section is None:
             raise NotMeasured("these results have no migration_layout section")
-        if section.simulated:
-            raise NotMeasured(SIMULATED)
         row = next((r for r in section.rows if r.case == case), None)
         if row is None:
             raise NotMeasured(
@@ -354,10 +355,26 @@ def migration_figures(results: Results) -> dict[str, Figure]:
     def moved_mib(case: str, mode: str) -> float:
         return known(run_of(case, mode).moved_mib, f"{case} / {mode}: the run recorded no moved memory")
 
-    return {
+    offered: dict[str, Figure] = {
         "degradation": degradation, "dip": dip, "recovery": recovery, "resident_change": resident_change,
         "resident_vs_default": resident_vs_default, "arrival": arrival, "moved_mib": moved_mib,
     }  # fmt: skip
+    if section is None or not section.simulated:
+        return offered
+    values = section.model_values
+    return {name: _refused_as_model(name, figure, values) for name, figure in offered.items()}
+
+
+def _refused_as_model(name: str, figure: Figure, values: Sequence[ModelValue]) -> Figure:
+    """``figure`` of a simulated run: computed, then refused with what the model gives and whether
+    that is a prediction or was fitted to this very figure (never a measurement, never agreement)."""
+
+    def refused(*args: str) -> float:
+        model = figure(*args)
+        call = (name, tuple(args))
+        raise NotMeasured(f"{SIMULATED}; the model gives {round(model, 1):g}: {standing_text(call, values)}")
+
+    return refused
 
 
 # --------------------------------------------------------------------------- the scenario
@@ -545,7 +562,18 @@ class MigrationLayoutScenario(RunsStudy):
             backend=backend.get("backend"),
             backend_reason=backend.get("reason"),
             model=asdict(Model()),
+            model_values=[value.to_dict() for value in self.model_values()],
         )
+
+    def model_values(self) -> tuple[ModelValue, ...]:
+        """The simulator's values this study's cases use that were fitted, chosen, taken from the
+        paper or assumed (``virtlab.numa.calibration``)."""
+        config = self.config
+        return model_values(
+            self._model, MODELS, window_s=config.window_s, migration_start_s=config.migration_start_s,
+            migration_s=config.migration_s, local_bandwidth_mbs=NOMINAL_LOCAL_BANDWIDTH_MBS,
+            cases=[(case.name, case.free_gib, case.memory_gib) for case in config.case],
+        )  # fmt: skip
 
     def write_reports(self, results: dict[str, Any]) -> None:
         write_migration_layout_reports(results, self.out_dir)

@@ -31,7 +31,7 @@ from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.export import write_reports, write_results_json
 from virtlab.outputs import write_outputs
-from virtlab.paper import Figure, paper_section, run_facts, run_figures
+from virtlab.paper import Figure, paper_section, run_fact_reasons, run_facts, run_figures, setup_values
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.results import Results
@@ -165,6 +165,7 @@ class Study(ABC):
         """What every study stores before its first unit: the plan, the host's metadata (keeping the
         first start time across resumes), the workloads (plus the environments' own set-up figures),
         the order of the environments and the study summary; status "running"."""
+        from virtlab.energy import power_facts
         from virtlab.metadata import collect_host_metadata, collect_tool_versions
 
         store = self.store
@@ -180,6 +181,7 @@ class Study(ABC):
                 "host": collect_host_metadata(),
                 "tools": collect_tool_versions(sorted({"cc", *self.tools()})),
                 "kernels": self.kernels.metadata(),
+                "power": power_facts(),
             },
         )
         setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
@@ -218,7 +220,13 @@ class Study(ABC):
             results["scenario"] = section
         if self.plan.paper is not None:
             model = Results.from_dict(results)
-            results["paper"] = paper_section(self.plan.paper, self.paper_figures_of(model), run_facts(model))
+            results["paper"] = paper_section(
+                self.plan.paper,
+                self.paper_figures_of(model),
+                run_facts(model),
+                run_fact_reasons(model),
+                setup_values(model),
+            )
         if section is not None or self.plan.paper is not None:
             write_results_json(results, self.out_dir / "results.json")
         if reports:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from virtlab import stats
+from virtlab import cpufreq, stats
 from virtlab.build import KernelBuild
 from virtlab.control import ControlError
 from virtlab.control.environment import EnvironmentControls, controls_for
+from virtlab.energy import EnergyMeter, EnergyReading
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
@@ -151,6 +154,9 @@ class GridStudy(Study):
                 continue
             if controls is not None:
                 manifest = {**manifest, "control": controls.record()}
+            if spec.power_plan is not None:
+                record = power_plan_record(spec.power_plan, cpufreq.read_offer())
+                manifest = {**manifest, "power_plan": record}
             self._manifests[spec.name] = manifest
             self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
             if self.usage is not None:
@@ -371,10 +377,13 @@ class GridStudy(Study):
                 with self._usage_lock:  # hosts' trials start and end from their own threads
                     self.usage.trial_started(task.environment, task.workload, task.trial)
             try:
-                if isinstance(workload, PeerWorkload):
-                    samples = self._measure_peers(task.environment, workload)
-                else:
-                    samples = measure_inside(environment, workload)
+                with self._power_plan(task.environment) as power:
+                    if isinstance(workload, PeerWorkload):
+                        samples = self._measure_peers(task.environment, workload)
+                    else:
+                        samples = measure_inside(environment, workload)
+                samples = [*samples, *power.samples]
+                context.update(power.context)
             finally:
                 if self.usage is not None:
                     with self._usage_lock:
@@ -406,6 +415,34 @@ class GridStudy(Study):
             self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {result}")
         self.progress.advance()
 
+    @contextmanager
+    def _power_plan(self, name: str) -> Iterator[PowerPlanTrial]:
+        """The environment's power plan set on this machine for one trial, and the host's energy over
+        it where RAPL counts it; nothing for an environment without a plan. A plan this host cannot
+        give makes the cell "cannot be measured here" with the reason, tried once."""
+        trial = PowerPlanTrial()
+        spec = next(env for env in self.plan.environments if env.name == name).power_plan
+        if spec is None:
+            yield trial
+            return
+        unavailable = (self._manifests.get(name, {}).get("power_plan") or {}).get("unavailable")
+        if unavailable:
+            raise TrialFailure(unavailable, "", UNAVAILABLE)
+        try:
+            with cpufreq.applied(spec) as applied:
+                meter = EnergyMeter()
+                meter.start()
+                yield trial
+                reading = meter.stop()
+        except cpufreq.PowerPlanUnavailable as why:
+            raise TrialFailure(f"cannot be measured here: {why}", "", UNAVAILABLE) from None
+        except cpufreq.PowerPlanError as error:
+            raise TrialFailure(str(error), "", "power plan") from None
+        trial.context["power_plan"] = applied.describe()
+        trial.samples.extend(energy_samples(reading))
+        if reading.missing:
+            trial.context["energy"] = reading.missing
+
     # -- network workloads -------------------------------------------------------------
     def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:
         links = workload.links(cell, self.plan.baseline)
@@ -413,6 +450,40 @@ class GridStudy(Study):
             if name not in self.environments:
                 raise TrialFailure(f"peer environment {name!r} is not running (its provisioning failed)", "")
         return measure_peers(self.environments, links, workload)
+
+
+@dataclass
+class PowerPlanTrial:
+    """What a trial under a power plan adds: the host's energy samples and the plan in the context."""
+
+    samples: list[Sample] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+def power_plan_record(spec: cpufreq.PowerPlanSpec, offer: cpufreq.Offer) -> dict[str, Any]:
+    """The environment manifest's ``power_plan``: what was asked, what this host offers, and the
+    settings it will get, or why it cannot be measured here (pure)."""
+    record: dict[str, Any] = {
+        "name": spec.label(),
+        "asked": spec.model_dump(mode="json"),
+        "host_offers": offer.describe(),
+    }
+    try:
+        settings = cpufreq.resolve(spec, offer)
+    except cpufreq.PowerPlanUnavailable as why:
+        return {**record, "settings": None, "unavailable": f"cannot be measured here: {why}"}
+    return {**record, "settings": settings.describe(), "notes": list(settings.notes), "unavailable": None}
+
+
+def energy_samples(reading: EnergyReading) -> list[Sample]:
+    """The host's energy and mean power over a trial, from RAPL; none where it has no counter."""
+    if reading.joules is None:
+        return []
+    metadata = {"rapl_zones_j": {name: round(j, 3) for name, j in reading.zones.items()}}
+    samples = [Sample("host_energy_j", round(reading.joules, 3), "J", "lower", metadata)]
+    if reading.watts is not None:
+        samples.append(Sample("host_power_w", round(reading.watts, 3), "W", "lower", metadata))
+    return samples
 
 
 def _steal(environment: Environment) -> float | None:

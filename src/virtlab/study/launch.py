@@ -142,7 +142,7 @@ def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None =
     """``virtlab compare RUN --paper``: the run judged against a plan's [paper] (``plan``, or the
     one it was run with), as the report's two tables; the run's results.json is not changed."""
     from virtlab.export.paper import paper_tables
-    from virtlab.paper import paper_section, run_facts
+    from virtlab.paper import paper_section, run_fact_reasons, run_facts, setup_values
     from virtlab.results import Results, load_results
 
     plan = plan or stored_plan(directory, store)
@@ -152,5 +152,11 @@ def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None =
         )
     results = load_results(directory)
     study = study_class(plan)(plan, directory, store, None, SilentProgress())  # type: ignore[arg-type]
-    section = paper_section(plan.paper, study.paper_figures_of(results), run_facts(results))
+    section = paper_section(
+        plan.paper,
+        study.paper_figures_of(results),
+        run_facts(results),
+        run_fact_reasons(results),
+        setup_values(results),
+    )
     return paper_tables(Results.from_dict({**results.document, "paper": section}))
