@@ -321,7 +321,9 @@ def test_a_study_runs_native_and_container(guest_image, tmp_path):
     container = next(e for e in results["environments"] if e["name"] == "ct")
     assert container["status"] == "ok" and container["manifest"]["kind"] == "container"
     assert container["manifest"]["cgroup"]["memory_limit_bytes"] == 256 * MiB
-    assert not list(ct.BUNDLES.glob("virtlab-ct-*"))  # torn down
+    # torn down: this study's container (other tests' containers may be running at the same time)
+    container_id = container["manifest"]["container_id"]
+    assert container_id.startswith("virtlab-ct-") and not (ct.BUNDLES / container_id).exists()
 
 
 INTERRUPTED_PLAN = """

@@ -28,8 +28,10 @@ kind = "native"
 [[workload]]
 name = "idle"
 kind = "idle"
-duration_s = 1.5
+duration_s = 4
 """
+# 12 s of trials: long enough that a second `virtlab run`, started once the first has its store,
+# still meets it on a loaded machine (1.5 s trials ended first once, with the machine at load 9).
 # How long a test waits for a study it started to take its directory's lock.
 START_PATIENCE_S = 60.0
 
