@@ -32,11 +32,16 @@ from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
+from virtlab.workloads._base import RunsForADuration
+from virtlab.workloads._peer import PeerSettings, PeerWorkload
 
 DEFAULT_PLAN = "quick.toml"
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
+_PORT_RANGE = re.compile(r"^(\d{1,5})-(\d{1,5})$")
+FIRST_PEER_PORT = 1024
+"""Below it are the ports of a host's own services."""
 _MAX_PARALLEL_HOSTS = (
     "cells on different hosts run at the same time, at most this many hosts at once (each host keeps "
     "its own trial order); 1: one trial at a time, as on one machine"
@@ -66,6 +71,18 @@ class StudySpec(BaseModel):
         default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
     )
     max_parallel_hosts: int = Field(default=8, ge=1, le=256, description=_MAX_PARALLEL_HOSTS)
+    peer_ports: str | None = Field(
+        default=None,
+        description='the ports the servers of network workloads listen on, "FIRST-LAST" (e.g. '
+        '"15201-15299", what a firewall between hosts lets through); default: each workload\'s own',
+    )
+    peer_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="the longest a network workload's server lives, whatever becomes of virtlab (it "
+        "runs under timeout); default: its trial's timeout + 60 s",
+    )
     cpu_sample_interval_s: float | None = Field(
         default=None,
         ge=0.1,
@@ -80,6 +97,29 @@ class StudySpec(BaseModel):
         if value not in stats.reduction_names():
             raise ValueError(f"unknown reduction {value!r}; valid: {', '.join(stats.reduction_names())}")
         return value
+
+    @field_validator("peer_ports")
+    @classmethod
+    def _port_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = _PORT_RANGE.match(value)
+        if match is None:
+            raise ValueError(f'{value!r} is not a range of ports: write "FIRST-LAST", e.g. "15201-15299"')
+        first, last = int(match[1]), int(match[2])
+        if not FIRST_PEER_PORT <= first <= last <= 65535:
+            raise ValueError(
+                f"{value!r}: the ports must run upward from at least {FIRST_PEER_PORT} to at most 65535"
+            )
+        return value
+
+    @property
+    def peer_settings(self) -> PeerSettings:
+        ports = None
+        if self.peer_ports is not None:
+            first, last = self.peer_ports.split("-")
+            ports = (int(first), int(last))
+        return PeerSettings(ports, self.peer_timeout_s)
 
     @field_validator("scenario")
     @classmethod
@@ -221,8 +261,10 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
         for i, table in enumerate(_tables(document, "environment", source))
     )
     workloads = tuple(
-        _workload(table, source, i) for i, table in enumerate(_tables(document, "workload", source))
+        _workload(table, source, i, study.peer_settings)
+        for i, table in enumerate(_tables(document, "workload", source))
     )
+    _check_peer_settings(study, workloads, source)
     for label, specs in (("environment", environments), ("workload", workloads)):
         names = [spec.name for spec in specs]
         for index, name in enumerate(names):
@@ -419,10 +461,45 @@ def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Enviro
     )
 
 
-def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:
+def _workload(table: dict[str, Any], source: str, index: int, peers: PeerSettings) -> WorkloadSpec:
     name, kind, cls, where = _plugin_table(table, source, f"workload[{index}]", WORKLOADS)
     params = _validated(cls.Params, _without(table, "name", "kind"), source, where)
-    return WorkloadSpec(name, kind, cls(params))
+    return WorkloadSpec(name, kind, cls(params, peers) if issubclass(cls, PeerWorkload) else cls(params))
+
+
+def _check_peer_settings(study: StudySpec, workloads: tuple[WorkloadSpec, ...], source: str) -> None:
+    """The study's port range holds what each network workload runs at once, and its server bound
+    outlasts their traffic."""
+    for spec in workloads:
+        workload = spec.workload
+        if not isinstance(workload, PeerWorkload):
+            continue
+        where = f"workload {spec.name!r}"
+        if study.peer_ports is not None:
+            if "port" in workload.params.model_fields_set:
+                raise InputError(
+                    source,
+                    f"{where}: port is given, and so is study.peer_ports",
+                    "remove the workload's port: its servers take their ports from peer_ports",
+                )
+            needed = workload.slots_needed() * workload.port_block()
+            if workload.slot_count() < workload.slots_needed():
+                raise InputError(
+                    source,
+                    f"study.peer_ports: {study.peer_ports} holds too few ports for {where}, which needs "
+                    f"{needed} ({workload.slots_needed()} client(s) at once, {workload.port_block()} each)",
+                    f"widen the range to at least {needed} ports",
+                )
+        params = workload.params
+        if study.peer_timeout_s is not None and isinstance(params, RunsForADuration):
+            planned = params.planned_s(dict(params))
+            if study.peer_timeout_s <= planned:
+                raise InputError(
+                    source,
+                    f"study.peer_timeout_s ({study.peer_timeout_s:g}) would end {where}'s servers "
+                    f"before its {params.planned_as} ({planned:g})",
+                    f"give peer_timeout_s more than {planned:g}",
+                )
 
 
 def _without(table: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -29,6 +29,8 @@ def host_ssh_values(host: Host) -> dict[str, Any]:
         values["identity_file"] = host.identity
     if host.workdir is not None:
         values["workdir_parent"] = host.workdir
+    if host.test_address is not None:
+        values["test_address"] = host.test_address
     return values
 
 
