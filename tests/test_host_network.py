@@ -1,13 +1,20 @@
 """The network between hosts, on fixed data: a host's ``test_address``, the study's port range and
 server bound for network workloads (``[study] peer_ports``, ``peer_timeout_s``) with the plan errors
-a user gets. What runs for real is in test_lab_study.py (on a fleet)."""
+a user gets; the KVM probe's answer from a host read into the doctor's verdict. What runs for real
+is in test_lab_study.py (on a fleet) and test_hosts_check.py (the probe on test hosts)."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from virtlab.environments.ssh import RemoteNativeEnvironment
+import marks
+from virtlab import accel
+from virtlab.environments.ssh import DESCRIBE_SCRIPT, RemoteNativeEnvironment, parse_sections
 from virtlab.errors import InputError
+from virtlab.hosts.kvm import PROBE_SCRIPT, probe_args, read_probe
 from virtlab.plan import Plan, parse_plan
 from virtlab.scenarios.together import with_duration
 from virtlab.workloads._peer import MAX_PEERS, PeerSettings, PeerWorkload
@@ -114,3 +121,74 @@ def test_the_study_s_port_range_holds_every_server_and_its_bound_ends_them():
     longer = with_duration(spec, 5).workload
     assert isinstance(longer, PeerWorkload) and longer.settings == iperf3.settings
     assert longer.params.duration_s == 5 and longer.ports(0) == (20000,)
+
+
+# ----------------------------------------------------------------------------- the KVM probe on a host
+
+
+def probe_sections(
+    device: str = "ok", kvm: str | None = None, tcg: str | None = None, qemu: bool = True
+) -> str:
+    """The probe's answer as a host's shell writes it (see virtlab.hosts.kvm); each run given as its
+    spin loop's seconds, or ``error`` for a guest stopped by a KVM internal error."""
+    text = f"\n== kvm_device\n{device}\n== kvm_qemu\n"
+    if not qemu:
+        return text
+    text += "/usr/bin/qemu-system-x86_64\nQEMU emulator version 7.2.22\n"
+    for accelerator, run in (("tcg", tcg), ("kvm", kvm)):
+        if run is None:
+            continue
+        t0 = 1000.0
+        if run == "error":
+            stages, end, status = ["real", "protected", "long"], t0 + 0.3, "killed"
+            stderr = "KVM internal error. Suberror: 1\nemulation failure\nCode=66 <0f> ef c0\n"
+        else:
+            spin = float(run)
+            stages, end, status, stderr = list(accel.PROBE_STAGES), t0 + 0.2 + spin, "67", ""
+        serial = [
+            f"{t0 + 0.1 + 0.001 * i:.6f} {accel.PROBE_MARKER} {stage}" for i, stage in enumerate(stages)
+        ]
+        if stages[-1] == "done":
+            serial[-1] = f"{t0 + 0.1 + 0.004 + spin:.6f} {accel.PROBE_MARKER} done"
+        text += (
+            f"== kvm_{accelerator}\nstarted={t0}\nended={end}\nstatus={status}\ntimed_out=0\n"
+            f"== kvm_{accelerator}_serial\n" + "\n".join(serial) + f"\n== kvm_{accelerator}_stderr\n{stderr}"
+        )
+    return text
+
+
+@pytest.mark.parametrize(
+    ("answer", "state", "usable", "reason"),
+    [
+        (probe_sections(kvm="0.0004", tcg="0.004"), "works", True,
+         "boot sector reached long mode and ran its spin loop in 0.0004 s under KVM"),
+        (probe_sections(kvm="0.5", tcg="0.004"), "emulated", False,
+         "KVM runs guest code by instruction emulation: the spin loop took 0.500 s under KVM and 0.004 s"),
+        (probe_sections(kvm="error", tcg="0.004"), "emulation failure", False,
+         "under KVM the guest stopped after reaching long mode, during the SSE instructions"),
+        (probe_sections("absent", tcg="0.004"), "absent", False, accel.NO_DEVICE),
+        (probe_sections("denied", tcg="0.004"), "no access", False, accel.NO_ACCESS),
+        (probe_sections(qemu=False), "not probed", False, "qemu-system-x86_64 not found"),
+    ],
+)  # fmt: skip
+def test_a_host_s_kvm_probe_answer_gets_the_doctor_s_verdict(answer, state, usable, reason):
+    probe = read_probe(parse_sections(answer))
+    assert (probe.kvm, probe.kvm_usable, probe.accelerator) == (state, usable, "kvm" if usable else "tcg")
+    assert probe.reason.startswith(reason), probe.reason
+
+
+@marks.needs_root
+@marks.needs_tools("qemu-system-x86_64")
+def test_the_probe_as_a_user_who_cannot_open_dev_kvm_says_so_and_still_boots_tcg():
+    """The host's side of the probe for real, as a login without access to /dev/kvm (nobody)."""
+    script = DESCRIBE_SCRIPT.split("\n", 1)[0] + "\n" + PROBE_SCRIPT + 'probe_kvm "$@"\n'
+    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sh", "-c", script, "probe"]
+    done = subprocess.run([*argv, *probe_args()], capture_output=True, text=True, timeout=60, check=True)
+    probe = read_probe(parse_sections(done.stdout))
+    if Path("/dev/kvm").exists():
+        assert (probe.kvm, probe.reason) == ("no access", accel.NO_ACCESS)
+    else:
+        assert (probe.kvm, probe.reason) == ("absent", accel.NO_DEVICE)
+    (tcg,) = probe.runs
+    assert tcg.ok and tcg.stages == accel.PROBE_STAGES and tcg.exit_status == 67 and tcg.spin_s is not None
+    assert probe.qemu_version and probe.qemu_version.startswith("QEMU emulator version")
