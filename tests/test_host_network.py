@@ -1,21 +1,30 @@
 """The network between hosts, on fixed data: a host's ``test_address``, the study's port range and
 server bound for network workloads (``[study] peer_ports``, ``peer_timeout_s``) with the plan errors
-a user gets; the KVM probe's answer from a host read into the doctor's verdict. What runs for real
+a user gets; the KVM probe's answer from a host read into the doctor's verdict; guests on a host's
+bridge (their addresses, their domain XML, checked by libvirt's own schema). What runs for real
 is in test_lab_study.py (on a fleet) and test_hosts_check.py (the probe on test hosts)."""
 
 from __future__ import annotations
 
 import subprocess
+import xml.etree.ElementTree as ET
+from ipaddress import IPv4Address, IPv4Interface
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 import marks
 from virtlab import accel
+from virtlab.environments.abilities import BridgeNetwork
+from virtlab.environments.guest_vm import bridge_mac, kernel_cmdline
+from virtlab.environments.libvirt import DomainFiles, LibvirtEnvironment, LibvirtOptions, domain_xml
 from virtlab.environments.ssh import DESCRIBE_SCRIPT, RemoteNativeEnvironment, parse_sections
 from virtlab.errors import InputError
+from virtlab.hosts import load_inventory
+from virtlab.hosts.guests import RangeFull, address_in, assign_guest_addresses, guest_range, overlapping
 from virtlab.hosts.kvm import PROBE_SCRIPT, probe_args, read_probe
-from virtlab.plan import Plan, parse_plan
+from virtlab.plan import EnvironmentSpec, Plan, parse_plan, place_bridged_guests
 from virtlab.scenarios.together import with_duration
 from virtlab.workloads._peer import MAX_PEERS, PeerSettings, PeerWorkload
 
@@ -192,3 +201,180 @@ def test_the_probe_as_a_user_who_cannot_open_dev_kvm_says_so_and_still_boots_tcg
     (tcg,) = probe.runs
     assert tcg.ok and tcg.stages == accel.PROBE_STAGES and tcg.exit_status == 67 and tcg.spin_s is not None
     assert probe.qemu_version and probe.qemu_version.startswith("QEMU emulator version")
+
+
+# ----------------------------------------------------------------------------- guests on a host's bridge
+
+
+def test_a_host_s_guest_range_is_read_and_refused_with_the_reason():
+    found = guest_range("10.0.0.100-10.0.0.102", 24)
+    assert (str(found.first), str(found.last), str(found.network), found.size) == (
+        "10.0.0.100", "10.0.0.102", "10.0.0.0/24", 3
+    )  # fmt: skip
+    assert [str(a) for a in found.addresses()] == ["10.0.0.100", "10.0.0.101", "10.0.0.102"]
+    assert str(found) == "10.0.0.100-10.0.0.102/24" and guest_range("10.0.0.9-10.0.0.9").size == 1
+    assert guest_range("10.0.0.100-10.0.1.104", 23).size == 261
+    for text, prefix, problem in (
+        ("10.0.0.100", 24, 'is not a range: write "FIRST-LAST"'),
+        ("10.0.0.100-box", 24, "both ends must be IPv4 addresses"),
+        ("10.0.0.100-10.0.1.5", 24, r"are not on one /24 \(guest_prefix\)"),
+        ("10.0.0.120-10.0.0.100", 24, "the range runs downward"),
+        ("10.0.0.0-10.0.0.5", 24, "network and broadcast addresses are no guest's"),
+        ("10.0.0.250-10.0.0.255", 24, "network and broadcast addresses are no guest's"),
+        ("10.0.0.1-10.0.0.2", 31, "guest_prefix 31 is not a subnet guests can share"),
+        ("10.0.0.1-10.2.0.2", 8, "holds 131074 addresses; at most 65536"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            guest_range(text, prefix)
+
+
+def test_guests_take_their_host_s_addresses_in_the_plan_s_order():
+    ranges = {"kvm1": guest_range("10.0.0.100-10.0.0.102"), "kvm2": guest_range("10.0.1.50-10.0.1.51")}
+    wanted = [("a", "kvm1"), ("x", "kvm2"), ("b", "kvm1")]
+    taken = {IPv4Address("10.0.0.101")}  # a guest's own address, given in the plan: never handed out
+    assigned = assign_guest_addresses(wanted, ranges, taken)
+    assert list(assigned) == ["a", "x", "b"]
+    assert {guest: a.with_prefixlen for guest, a in assigned.items()} == {
+        "a": "10.0.0.100/24", "x": "10.0.1.50/24", "b": "10.0.0.102/24"
+    }  # fmt: skip
+    assert assign_guest_addresses(wanted, ranges)["b"] == IPv4Interface("10.0.0.101/24")
+    full = r"host 'kvm1': guest_addresses 10.0.0.100-10.0.0.102/24 hold fewer free addresses than its 3 "
+    with pytest.raises(RangeFull, match=full):
+        assign_guest_addresses([*wanted, ("c", "kvm1")], ranges, taken)
+    assert overlapping(ranges) is None
+    assert overlapping({**ranges, "kvm3": guest_range("10.0.0.102-10.0.0.110")}) == ("kvm1", "kvm3")
+    assert address_in(ranges, "10.0.1.51") == "kvm2" and address_in(ranges, "10.0.1.52") is None
+    assert address_in(ranges, "kvm1.lab") is None
+
+
+def kvm_hosts(
+    kvm1: str = "10.0.0.100-10.0.0.102", kvm2: str = "10.0.0.110-10.0.0.119", extra: str = ""
+) -> str:
+    line = '[[host]]\nname = "kvm{}"\naddress = "10.0.0.{}"\nbridge = "br0"\nguest_addresses = "{}"\n'
+    return f"{line.format(1, 1, kvm1)}\n{line.format(2, 2, kvm2)}{extra}\n"
+
+
+def hosts_of(hosts: str) -> tuple:
+    """The hosts a plan declares (its guests placed on them checked as it is read)."""
+    text = f'{hosts}[study]\nname = "s"\n[[environment]]\nname = "n"\nkind = "native"\n{workload("primes")}'
+    return parse_plan(text, "lab.toml").hosts
+
+
+def libvirt_spec(name: str, host: str | None, **options) -> EnvironmentSpec:
+    return EnvironmentSpec(name, "libvirt", LibvirtOptions(**options), LibvirtEnvironment, host=host)
+
+
+def test_bridged_guests_join_their_host_s_bridge_at_its_next_address():
+    hosts = hosts_of(kvm_hosts())
+    # libvirt guests placed on hosts (the remote-libvirt work places them there): fixed specs here
+    specs = [
+        libvirt_spec("g1", "kvm1"),
+        libvirt_spec("g2", "kvm2"),
+        libvirt_spec("own", "kvm1", bridge="br0", guest_address="10.0.0.100/24"),  # its own address
+        libvirt_spec("g3", "kvm1"),
+        libvirt_spec("quiet", "kvm1", nic="none"),  # no NIC: nothing joins
+        libvirt_spec("slirp", "kvm2", bridge=None),  # the plan says so: user networking
+        libvirt_spec("here", None),
+    ]
+    placed = place_bridged_guests(specs, hosts, "lab.toml")
+    assert [spec.name for spec in placed] == [spec.name for spec in specs]
+    found = {spec.name: (spec.options.bridge, spec.options.guest_address) for spec in placed}
+    assert found == {
+        "g1": ("br0", "10.0.0.101/24"), "g2": ("br0", "10.0.0.110/24"), "own": ("br0", "10.0.0.100/24"),
+        "g3": ("br0", "10.0.0.102/24"), "quiet": (None, None), "slirp": (None, None), "here": (None, None),
+    }  # fmt: skip
+    assert all(isinstance(spec.options, LibvirtOptions) for spec in placed)
+    # refused with the reason: a range that runs out, a guest without an address, one address twice
+    for guests, problem in (
+        ([*specs, libvirt_spec("g4", "kvm1")],
+         "host 'kvm1': guest_addresses 10.0.0.100-10.0.0.102/24 hold fewer free addresses than its 3"),
+        ([libvirt_spec("lost", None, bridge="br0")],
+         "environment 'lost': a guest on bridge 'br0' needs its address there"),
+        ([libvirt_spec("a", None, bridge="br0", guest_address="10.0.0.5/24"),
+          libvirt_spec("b", None, bridge="br1", guest_address="10.0.0.5/24")],
+         "environment 'b': guest_address 10.0.0.5 is 'a''s too"),
+    ):  # fmt: skip
+        with pytest.raises(InputError) as caught:
+            place_bridged_guests(guests, hosts, "lab.toml")
+        assert caught.value.problem.startswith(problem), caught.value.problem
+    # and a plan whose hosts would hand one address out twice
+    for text, problem in (
+        (kvm_hosts(kvm2="10.0.0.102-10.0.0.119"),
+         "hosts 'kvm1' and 'kvm2': guest_addresses 10.0.0.100-10.0.0.102/24 and 10.0.0.102-10.0.0.119/24 "
+         "overlap"),
+        (kvm_hosts(extra='test_address = "10.0.0.101"\n'),
+         "host 'kvm2': its address 10.0.0.101 is among host 'kvm1''s guest_addresses"),
+    ):  # fmt: skip
+        with pytest.raises(InputError) as caught:
+            hosts_of(text)
+        assert caught.value.problem == problem
+
+
+def test_a_host_s_guest_addresses_need_its_bridge_and_a_good_range(tmp_path):
+    no_bridge = '[[host]]\nname = "kvm1"\naddress = "10.0.0.1"\nguest_addresses = "10.0.0.100-10.0.0.101"\n'
+    with pytest.raises(InputError) as caught:
+        hosts_of(no_bridge + "\n")
+    assert caught.value.problem.startswith(
+        "host[0] (kvm1).guest_addresses: its guests take them on its bridge"
+    )
+    with pytest.raises(InputError) as caught:
+        hosts_of(kvm_hosts(kvm1="10.0.0.200-10.0.0.100"))
+    assert caught.value.problem == (
+        "host[0] (kvm1).guest_addresses: '10.0.0.200-10.0.0.100': the range runs downward; write the lower "
+        "address first"
+    )
+    # an inventory says the same with virtlab_* variables
+    inventory = tmp_path / "lab.ini"
+    inventory.write_text(
+        "kvm1 ansible_host=10.0.0.1 virtlab_bridge=br0 virtlab_guest_addresses=10.0.8.10-10.0.8.20 "
+        "virtlab_guest_prefix=20\n"
+    )
+    [host] = load_inventory(inventory)
+    assert (host.bridge, host.guest_addresses, host.guest_prefix) == ("br0", "10.0.8.10-10.0.8.20", 20)
+
+
+def test_libvirt_options_of_a_bridged_guest_and_their_refusals():
+    options = LibvirtOptions(bridge="br0", guest_address="10.0.0.100/24")
+    assert options.network == "user" and options.offers(BridgeNetwork) is None  # not virtlab's bridge
+    for values, problem in (
+        ({"network": "bridge"}, "does not join virtlab's own bridge; name a bridge of its host"),
+        ({"bridge": "br0", "nic": "none"}, "bridge 'br0' needs a NIC"),
+        ({"bridge": "br 0"}, "bridge 'br 0' is not an interface name"),
+        ({"bridge": "a-bridge-name-too-long"}, "is not an interface name"),
+        (
+            {"guest_address": "10.0.0.100/24"},
+            "guest_address is the guest's address on a host bridge: give bridge",
+        ),
+        ({"bridge": "br0", "guest_address": "10.0.0.100"}, "has no prefix: write ADDRESS/PREFIX"),
+        ({"bridge": "br0", "guest_address": "10.0.0.0/24"}, "is 10.0.0.0/24's network or broadcast address"),
+        ({"bridge": "br0", "guest_address": "fe80::1/64"}, "is not an IPv4 address/prefix"),
+    ):
+        with pytest.raises(ValidationError, match=problem):
+            LibvirtOptions(**values)
+    assert any("needs its address there" in p for p in LibvirtEnvironment.preflight(LibvirtOptions(
+        uri="qemu+ssh://root@kvm1/system", bridge="br0"), ()))  # fmt: skip
+
+
+@marks.needs_tools("virt-xml-validate", "xmllint")
+def test_a_bridged_guest_s_domain_joins_the_host_s_bridge_and_libvirt_s_schema_accepts_it(tmp_path):
+    options = LibvirtOptions(bridge="br0", guest_address="10.0.0.100/24", nic="e1000")
+    files = DomainFiles(kernel="/img/vmlinuz", initrd="/img/initrd.img", disk="/w/disk.raw", console=None)
+    cmdline = kernel_cmdline(options, "tcg", ip=options.guest_address)
+    text = domain_xml(options, name="virtlab-g-1", accelerator="tcg", files=files, cmdline=cmdline)
+    [interface] = ET.fromstring(text).iterfind("devices/interface")
+    assert interface.get("type") == "bridge" and interface.find("source").attrib == {"bridge": "br0"}
+    assert interface.find("mac").get("address") == bridge_mac("10.0.0.100") == "52:54:00:00:00:64"
+    assert interface.find("model").get("type") == "e1000"
+    # the guest takes its address from its kernel command line (the image has no DHCP client)
+    assert "virtlab.ip=10.0.0.100/24" in ET.fromstring(text).findtext("os/cmdline").split()
+    path = tmp_path / "domain.xml"
+    path.write_text(text)
+    done = subprocess.run(
+        ["virt-xml-validate", str(path), "domain"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    # an unbridged guest keeps libvirt's user networking
+    plain = ET.fromstring(domain_xml(LibvirtOptions(), name="n", accelerator="tcg", files=files, cmdline="c"))
+    assert (
+        plain.find("devices/interface").get("type") == "user" and plain.find("devices/interface/mac") is None
+    )

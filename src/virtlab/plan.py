@@ -13,9 +13,11 @@ that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds`
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -28,6 +30,14 @@ from virtlab.control.environment import plan_problems
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.hosts import LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
+from virtlab.hosts.guests import (
+    GuestRange,
+    RangeFull,
+    address_in,
+    assign_guest_addresses,
+    guest_range,
+    overlapping,
+)
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
@@ -260,6 +270,7 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
         _environment(table, source, i, hosts)
         for i, table in enumerate(_tables(document, "environment", source))
     )
+    environments = place_bridged_guests(environments, hosts, source)
     workloads = tuple(
         _workload(table, source, i, study.peer_settings)
         for i, table in enumerate(_tables(document, "workload", source))
@@ -459,6 +470,94 @@ def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Enviro
     raise InputError(
         source, f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported yet", fix
     )
+
+
+def place_bridged_guests(
+    environments: Sequence[EnvironmentSpec], hosts: Sequence[Host], source: str
+) -> tuple[EnvironmentSpec, ...]:
+    """A libvirt guest on a host that declares a bridge joins it (unless its plan sets ``bridge``),
+    and a bridged guest without an address gets the next of its host's ``guest_addresses``
+    (``virtlab.hosts.guests``)."""
+    ranges = _guest_ranges(hosts, source)
+    by_name = {host.name: host for host in hosts}
+    placed, wanted, explicit = [], [], {}
+    for spec in environments:
+        if spec.kind != "libvirt":
+            placed.append(spec)
+            continue
+        from virtlab.environments.libvirt import LibvirtOptions  # a plan with a libvirt guest loads it
+
+        host = by_name.get(spec.host) if spec.host is not None else None
+        options = spec.options
+        assert isinstance(options, LibvirtOptions)
+        bridge, address = options.bridge, options.guest_address
+        if host is not None and host.bridge is not None and "bridge" not in options.model_fields_set:
+            if options.nic != "none":
+                bridge = host.bridge
+                spec = _with_options(spec, bridge=bridge)
+        where = f"environment {spec.name!r}"
+        if bridge is not None and address is None:
+            if host is None or host.name not in ranges or bridge != host.bridge:
+                raise InputError(
+                    source,
+                    f"{where}: a guest on bridge {bridge!r} needs its address there",
+                    'give guest_address = "A.B.C.D/N", or place it (host =) on a host that declares '
+                    "this bridge and guest_addresses",
+                )
+            wanted.append((spec.name, host.name))
+        elif address is not None:
+            ip = address.split("/")[0]
+            if ip in explicit:
+                raise InputError(
+                    source,
+                    f"{where}: guest_address {ip} is {explicit[ip]!r}'s too",
+                    "give each guest its own",
+                )
+            explicit[ip] = spec.name
+        placed.append(spec)
+    try:
+        assigned = assign_guest_addresses(wanted, ranges, {ipaddress.IPv4Address(ip) for ip in explicit})
+    except RangeFull as full:
+        raise InputError(
+            source, str(full), "widen its guest_addresses, or place fewer guests there"
+        ) from None
+    return tuple(
+        _with_options(spec, guest_address=assigned[spec.name].with_prefixlen)
+        if spec.name in assigned
+        else spec
+        for spec in placed
+    )
+
+
+def _guest_ranges(hosts: Sequence[Host], source: str) -> dict[str, GuestRange]:
+    """Each host's guest range (``host_problem`` has checked each alone), none sharing an address
+    with another's or with a host's own."""
+    ranges = {host.name: guest_range(host.guest_addresses, host.guest_prefix)
+              for host in hosts if host.guest_addresses is not None}  # fmt: skip
+    clash = overlapping(ranges)
+    if clash is not None:
+        first, second = clash
+        raise InputError(
+            source,
+            f"hosts {first!r} and {second!r}: guest_addresses {ranges[first]} and {ranges[second]} overlap",
+            "give each host's guests addresses of their own",
+        )
+    for host in hosts:
+        for address in filter(None, (host.address, host.test_address)):
+            owner = address_in(ranges, address)
+            if owner is not None:
+                raise InputError(
+                    source,
+                    f"host {host.name!r}: its address {address} is among host {owner!r}'s guest_addresses",
+                    "keep the hosts' own addresses out of every guest range",
+                )
+    return ranges
+
+
+def _with_options(spec: EnvironmentSpec, **changes: Any) -> EnvironmentSpec:
+    """``spec`` with some options changed, validated again as the plan's own would be."""
+    values = {**spec.options.model_dump(exclude_unset=True), **changes}
+    return replace(spec, options=type(spec.options).model_validate(values))
 
 
 def _workload(table: dict[str, Any], source: str, index: int, peers: PeerSettings) -> WorkloadSpec:
