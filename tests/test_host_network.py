@@ -6,6 +6,7 @@ is in test_lab_study.py (on a fleet) and test_hosts_check.py (the probe on test 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import xml.etree.ElementTree as ET
 from ipaddress import IPv4Address, IPv4Interface
@@ -139,7 +140,7 @@ def probe_sections(
     device: str = "ok", kvm: str | None = None, tcg: str | None = None, qemu: bool = True
 ) -> str:
     """The probe's answer as a host's shell writes it (see virtlab.hosts.kvm); each run given as its
-    spin loop's seconds, or ``error`` for a guest stopped by a KVM internal error."""
+    spin loop's seconds, ``error`` for a guest stopped by a KVM internal error, or ``timeout``."""
     text = f"\n== kvm_device\n{device}\n== kvm_qemu\n"
     if not qemu:
         return text
@@ -147,10 +148,12 @@ def probe_sections(
     for accelerator, run in (("tcg", tcg), ("kvm", kvm)):
         if run is None:
             continue
-        t0 = 1000.0
+        t0, timed_out = 1000.0, 0
         if run == "error":
             stages, end, status = ["real", "protected", "long"], t0 + 0.3, "killed"
             stderr = "KVM internal error. Suberror: 1\nemulation failure\nCode=66 <0f> ef c0\n"
+        elif run == "timeout":
+            stages, end, status, stderr, timed_out = ["real"], t0 + 20.0, "killed", "", 1
         else:
             spin = float(run)
             stages, end, status, stderr = list(accel.PROBE_STAGES), t0 + 0.2 + spin, "67", ""
@@ -160,7 +163,7 @@ def probe_sections(
         if stages[-1] == "done":
             serial[-1] = f"{t0 + 0.1 + 0.004 + spin:.6f} {accel.PROBE_MARKER} done"
         text += (
-            f"== kvm_{accelerator}\nstarted={t0}\nended={end}\nstatus={status}\ntimed_out=0\n"
+            f"== kvm_{accelerator}\nstarted={t0}\nended={end}\nstatus={status}\ntimed_out={timed_out}\n"
             f"== kvm_{accelerator}_serial\n" + "\n".join(serial) + f"\n== kvm_{accelerator}_stderr\n{stderr}"
         )
     return text
@@ -184,6 +187,48 @@ def test_a_host_s_kvm_probe_answer_gets_the_doctor_s_verdict(answer, state, usab
     probe = read_probe(parse_sections(answer))
     assert (probe.kvm, probe.kvm_usable, probe.accelerator) == (state, usable, "kvm" if usable else "tcg")
     assert probe.reason.startswith(reason), probe.reason
+
+
+def test_a_host_s_probe_runs_are_the_doctor_s_records():
+    probe = read_probe(parse_sections(probe_sections(kvm="error", tcg="0.004")))
+    kvm, tcg = probe.run("kvm"), probe.run("tcg")
+    assert kvm is not None and tcg is not None
+    assert (kvm.stages, kvm.exit_status, kvm.timed_out, kvm.elapsed_s, kvm.spin_s) == (
+        ("real", "protected", "long"), None, False, 0.3, None
+    )  # fmt: skip
+    assert kvm.error == "KVM internal error. Suberror: 1 ... emulation failure (faulting bytes 0f ef c0)"
+    assert kvm.stderr.startswith("KVM internal error. Suberror: 1\nemulation failure")
+    assert (tcg.ok, tcg.stages, tcg.exit_status, tcg.spin_s, tcg.elapsed_s) == (
+        True, accel.PROBE_STAGES, 67, 0.004, 0.204
+    )  # fmt: skip
+    assert probe.elapsed_s == 0.3 and probe.qemu_version == "QEMU emulator version 7.2.22"
+    timed = read_probe(parse_sections(probe_sections(kvm="timeout", tcg="0.004")))
+    assert timed.kvm == "fails" and timed.run("kvm").timed_out and timed.elapsed_s == 20.0
+    assert timed.reason == (
+        "under KVM the guest stopped after reaching real mode, during the switch to protected mode: timed "
+        "out after 20 s; under TCG it ran to the end"
+    )
+    # a host that could not run the probe (no temporary directory): nothing to judge
+    lost = read_probe(parse_sections(probe_sections()))
+    assert (lost.kvm, lost.accelerator, lost.kvm_usable, lost.control_ok, lost.elapsed_s) == (
+        "not probed", "tcg", False, False, 0.0
+    )  # fmt: skip
+    assert lost.reason.startswith("the probe could not run QEMU there")
+    assert lost.qemu_version == "QEMU emulator version 7.2.22"
+
+    # a date(1) without %N: no times, so no spin loop to judge; a guest that stopped still tells
+    def without_n(answer: str) -> dict[str, str]:
+        return parse_sections(re.sub(r"\b1000(\.\d+)?", "1000.N", answer))
+
+    stopped = read_probe(without_n(probe_sections(kvm="error", tcg="0.004")))
+    assert stopped.kvm == "emulation failure" and stopped.run("tcg").spin_s is None and stopped.run("tcg").ok
+    ran = read_probe(without_n(probe_sections(kvm="0.0004", tcg="0.004")))
+    assert (ran.kvm, ran.kvm_usable, ran.control_ok) == ("not probed", False, True)
+    assert (ran.accelerator, len(ran.runs), ran.elapsed_s) == ("tcg", 2, 0.0)
+    assert ran.qemu_version == "QEMU emulator version 7.2.22"
+    quiet = probe_sections(kvm="error", tcg="0.004").replace("\nQEMU emulator version 7.2.22", "")
+    assert read_probe(parse_sections(quiet)).qemu_version is None  # its --version said nothing
+    assert ran.reason.startswith("the host's date(1) has no %N: the spin loop could not be timed")
 
 
 @marks.needs_root
@@ -214,6 +259,9 @@ def test_a_host_s_guest_range_is_read_and_refused_with_the_reason():
     assert [str(a) for a in found.addresses()] == ["10.0.0.100", "10.0.0.101", "10.0.0.102"]
     assert str(found) == "10.0.0.100-10.0.0.102/24" and guest_range("10.0.0.9-10.0.0.9").size == 1
     assert guest_range("10.0.0.100-10.0.1.104", 23).size == 261
+    assert (
+        guest_range("10.0.0.1-10.0.0.2", 30).size == 2 and guest_range("10.0.0.1-10.1.0.0", 8).size == 65536
+    )
     for text, prefix, problem in (
         ("10.0.0.100", 24, 'is not a range: write "FIRST-LAST"'),
         ("10.0.0.100-box", 24, "both ends must be IPv4 addresses"),
@@ -242,8 +290,14 @@ def test_guests_take_their_host_s_addresses_in_the_plan_s_order():
     with pytest.raises(RangeFull, match=full):
         assign_guest_addresses([*wanted, ("c", "kvm1")], ranges, taken)
     assert overlapping(ranges) is None
+    assert guest_range("10.0.0.102-10.0.0.110").overlaps(ranges["kvm1"])  # one address in common
+    # one address is never handed out twice, even by ranges that share it (a plan refuses them)
+    shared = {"h1": guest_range("10.0.0.100-10.0.0.101"), "h2": guest_range("10.0.0.100-10.0.0.101")}
+    handed = assign_guest_addresses([("a", "h1"), ("b", "h2")], shared)
+    assert [a.with_prefixlen for a in handed.values()] == ["10.0.0.100/24", "10.0.0.101/24"]
     assert overlapping({**ranges, "kvm3": guest_range("10.0.0.102-10.0.0.110")}) == ("kvm1", "kvm3")
     assert address_in(ranges, "10.0.1.51") == "kvm2" and address_in(ranges, "10.0.1.52") is None
+    assert address_in(ranges, "10.0.1.50") == "kvm2" and address_in(ranges, "10.0.1.49") is None
     assert address_in(ranges, "kvm1.lab") is None
 
 

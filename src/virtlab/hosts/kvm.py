@@ -20,6 +20,8 @@ register dump is out, as the doctor does. ``read_probe`` turns the sections into
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from virtlab import accel
 from virtlab.accel import AccelProbe, GuestRun, QemuOutput
 
@@ -101,43 +103,51 @@ def probe_args(timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
 
 def read_probe(sections: dict[str, str]) -> AccelProbe:
     """The probe's sections (see the module doc) -> the doctor's verdict on that host."""
-    device = sections.get("kvm_device", "").strip()
     qemu = sections.get("kvm_qemu", "").splitlines()
     if not qemu:
         return accel.no_qemu()
-    runs = {name: _guest_run(name, sections) for name in ("kvm", "tcg")}
-    tcg = runs["tcg"]
+    version = qemu[1] if len(qemu) > 1 else None
+    kvm, tcg = _guest_run("kvm", sections), _guest_run("tcg", sections)
     if tcg is None:
-        return AccelProbe("tcg", False, "the probe could not run QEMU there (no temporary directory?)", 0.0,
-                          qemu_version=qemu[1] if len(qemu) > 1 else None, control_ok=False)  # fmt: skip
+        reason = "the probe could not run QEMU there (no temporary directory?)"
+        return AccelProbe("tcg", False, reason, 0.0, qemu_version=version, control_ok=False)
+    device = sections.get("kvm_device", "").strip()
     problem = {"ok": None, "absent": accel.NO_DEVICE}.get(device, accel.NO_ACCESS)
-    decided = accel.decide(runs["kvm"] if problem is None else None, tcg, problem)
-    started = [float(value) for value in _times(sections, "started")]
-    ended = [float(value) for value in _times(sections, "ended")]
+    started, ended = _times(sections, "started"), _times(sections, "ended")
     elapsed = round(max(ended) - min(started), 3) if started and ended else 0.0
-    return AccelProbe(**{**decided.to_dict(), "runs": decided.runs, "elapsed_s": elapsed,
-                         "qemu_version": qemu[1] if len(qemu) > 1 else None})  # fmt: skip
+    if problem is None and kvm is not None and kvm.ok and kvm.spin_s is None:
+        # Reaching the end proves little: only the spin loop's time tells hardware from emulation.
+        reason = (
+            "the host's date(1) has no %N: the spin loop could not be timed, so whether KVM runs guest "
+            "code natively is unknown"
+        )
+        return AccelProbe("tcg", False, reason, elapsed, version, (kvm, tcg), control_ok=tcg.ok)
+    decided = accel.decide(kvm if problem is None else None, tcg, problem)
+    return replace(decided, elapsed_s=elapsed, qemu_version=version)
 
 
 def _guest_run(accelerator: str, sections: dict[str, str]) -> GuestRun | None:
-    result = sections.get(f"kvm_{accelerator}")
-    if result is None:
+    """One run's record as the doctor keeps it; the serial lines' times are the host's own."""
+    if f"kvm_{accelerator}" not in sections:
         return None
-    values = dict(line.split("=", 1) for line in result.splitlines() if "=" in line)
+    values = _values(sections, accelerator)
     started = _seconds(values.get("started"))
     out = QemuOutput(
         stderr=sections.get(f"kvm_{accelerator}_stderr", ""),
         exit_status=int(values["status"]) if values.get("status", "").isdigit() else None,
         timed_out=values.get("timed_out") == "1",
     )
+    timed = started is not None
     for line in sections.get(f"kvm_{accelerator}_serial", "").splitlines():
         stamp, _, text = line.partition(" ")
         at = _seconds(stamp)
-        if at is not None and started is not None:
-            out.lines.append((at - started, text.strip("\r\x00")))
+        timed = timed and at is not None
+        since = at - started if at is not None and started is not None else 0.0
+        out.lines.append((since, text.strip("\r\x00")))
     ended = _seconds(values.get("ended"))
     out.elapsed_s = ended - started if ended is not None and started is not None else 0.0
-    return accel.boot_sector_run(accelerator, out)
+    run = accel.boot_sector_run(accelerator, out)
+    return run if timed else replace(run, spin_s=None)  # lines without times time nothing
 
 
 def _seconds(text: str | None) -> float | None:
@@ -147,10 +157,13 @@ def _seconds(text: str | None) -> float | None:
         return None  # a date(1) without %N
 
 
-def _times(sections: dict[str, str], key: str) -> list[str]:
-    found = []
-    for accelerator in ("kvm", "tcg"):
-        for line in sections.get(f"kvm_{accelerator}", "").splitlines():
-            if line.startswith(f"{key}=") and _seconds(line.split("=", 1)[1]) is not None:
-                found.append(line.split("=", 1)[1])
-    return found
+def _times(sections: dict[str, str], key: str) -> list[float]:
+    """The ``key=`` times (started, ended) of every run that has one."""
+    found = [_seconds(_values(sections, accelerator).get(key)) for accelerator in ("kvm", "tcg")]
+    return [seconds for seconds in found if seconds is not None]
+
+
+def _values(sections: dict[str, str], accelerator: str) -> dict[str, str]:
+    """A run's ``key=value`` lines (started, ended, status, timed_out)."""
+    lines = sections.get(f"kvm_{accelerator}", "").splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
