@@ -49,6 +49,8 @@ TEST_TOOLS: dict[str, str] = {
     "ping": "iputils-ping",
     "busybox": "busybox",
     "chromium": "chromium",
+    "virt-xml-validate": "libvirt-clients",
+    "xmllint": "libxml2-utils",
 }
 
 

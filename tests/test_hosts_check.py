@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import marks
-from virtlab import testhost
+from virtlab import accel, testhost
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
@@ -43,23 +43,31 @@ def inventory(directory: Path, fleet, known: dict[int, Path] | None = None) -> P
     return path
 
 
-def check_json(source: Path) -> tuple[int, dict]:
-    done = virtlab("hosts", "check", str(source), "--json", timeout=120)
+def check_json(source: Path, kvm_probe: bool = False) -> tuple[int, dict]:
+    probe = "--kvm-probe" if kvm_probe else "--no-kvm-probe"
+    done = virtlab("hosts", "check", str(source), "--json", probe, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     return done.returncode, {host["name"]: host for host in json.loads(done.stdout)["hosts"]}
 
 
 def test_every_host_is_reached_and_described(fleet, tmp_path):
-    status, hosts = check_json(inventory(tmp_path, fleet))
+    status, hosts = check_json(inventory(tmp_path, fleet), kvm_probe=True)
     assert status == 0 and sorted(hosts) == ["fleet-1", "fleet-2", "here"]
     here = collect_host_metadata()  # the test hosts are this machine in other network namespaces
+    doctor = accel.probe_kvm()  # what `virtlab doctor` finds here, where the hosts' QEMU runs
     for host in hosts.values():
         facts = host["facts"]
         assert host["ok"] and host["reached"] and not host["problems"], host
         assert facts["cpu_model"] == here["cpu_model"] and facts["cores"] == here["cores"]
         assert facts["memory_bytes"] == here["memory_bytes"] and facts["kernel"] == here["kernel"]
         assert facts["numa_nodes"] == len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
-        assert facts["kvm"] == ("present, not probed" if Path("/dev/kvm").exists() else "absent")
+        # the real KVM probe there says what the doctor says here (works, emulation failure, ...)
+        assert facts["kvm"] == doctor.kvm and facts["kvm_probe"]["kvm_usable"] == doctor.kvm_usable
+        assert facts["kvm_probe"]["accelerator"] == doctor.accelerator
+        if doctor.kvm != "works":  # no timings in the reason: word for word
+            assert facts["kvm_reason"] == doctor.reason
+        tcg = next(run for run in facts["kvm_probe"]["runs"] if run["accelerator"] == "tcg")
+        assert tcg["ok"] and tuple(tcg["stages"]) == accel.PROBE_STAGES and 0 < tcg["spin_s"] < 0.1
         assert facts["privilege"] == "root"
         # found or not as here (the remote login's PATH may differ from this process's)
         assert bool(facts["runc"]) == bool(shutil.which("runc"))

@@ -256,6 +256,7 @@ def test_native_on_a_remote_host_is_that_host_over_ssh():
         identity_file=DATA / "keys" / "lab1",
         known_hosts=Path("/etc/virtlab/known_hosts"),
         workdir_parent="/srv/virtlab",
+        test_address="10.9.0.1",  # network workloads reach it at its benchmark NIC
         build="copy",
     )
     described = there.describe()

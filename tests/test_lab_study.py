@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import sqlite3
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 
 import marks
 from virtlab import fleet as fleet_mod
+from virtlab import network as vnet
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
@@ -159,3 +163,113 @@ def test_a_plan_whose_host_cannot_be_reached_is_refused_before_anything_runs(lab
         fleet_mod.start_sshd(lab, "fleet-2")
     assert "virtlab hosts check lab.toml" in refused.value.fix
     assert not out.exists()  # refused before the results directory was touched
+
+
+def listeners(host: fleet_mod.FleetHost) -> dict[str, int | None]:
+    """Every TCP listener in a fleet host's namespace: ``address:port`` -> its process (the hosts
+    share this machine's /proc)."""
+    argv = host.command(["ss", "-Hltnp"])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    found = {}
+    for line in done.stdout.splitlines():
+        if len(line.split()) > 3:
+            pid = re.search(r"pid=(\d+)", line)
+            found[line.split()[3]] = int(pid[1]) if pid else None
+    return found
+
+
+def host_tables(lab, test_addresses: dict[str, str]) -> str:
+    """``[[host]]`` tables for the fleet's hosts, with a ``test_address`` for those given one."""
+    text = ""
+    for host in lab.hosts:
+        text += (
+            f'[[host]]\nname = "{host.name}"\naddress = "{host.address}"\nuser = "root"\n'
+            f'identity = "{lab.identity_file}"\nknown_hosts = "{lab.known_hosts}"\n'
+            f'workdir = "{host.workdir}"\n'
+        )
+        if host.name in test_addresses:
+            text += f'test_address = "{test_addresses[host.name]}"\n'
+        text += "\n"
+    return text
+
+
+def test_network_workloads_use_a_hosts_test_address_and_the_studys_port_range(lab, tmp_path):
+    """fleet-1 gets a second address (its "benchmark NIC"): the servers there take ports from the
+    study's range and iperf3's listens on that address alone; the clients in fleet-2 reach it there."""
+    server = lab.host("fleet-1")
+    test_address = str(lab.subnet[201])
+    add = ["ip", "addr", "add", f"{test_address}/{lab.subnet.prefixlen}", "dev", "eth0"]
+    subprocess.run(server.command(add), check=True, capture_output=True, timeout=30)
+    text = host_tables(lab, {"fleet-1": test_address}) + (
+        '[study]\nname = "nic"\ntrials = 1\nwarmups = 0\nbaseline = "one"\npeer_ports = "17300-17309"\n\n'
+        '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
+        '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
+        '[[workload]]\nname = "iperf3"\nkind = "iperf3"\npeer = "one"\nduration_s = 1\n\n'
+        '[[workload]]\nname = "nuttcp"\nkind = "nuttcp"\npeer = "one"\nduration_s = 1\n'
+    )
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(listeners(server))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        outcome = run_study(parse_plan(text, "nic.toml"), tmp_path / "out")
+    finally:
+        stop.set()
+        watcher.join()
+        subprocess.run(server.command(["ip", "addr", "del", *add[3:]]), capture_output=True, timeout=30)
+    assert outcome.exit_code == 0 and not outcome.failed_cells
+    cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    for cell in cells:
+        if cell["environment"] == "two" and cell["metric"] == "throughput_mbps":
+            assert cell["context"]["address"] == test_address and cell["context"]["path"] == "network"
+            assert cell["trials"][0] > 0
+    # iperf3 bound to the test address only, nuttcp (it cannot bind) to every address, and every
+    # server (loopback cells' too) on ports of the study's range
+    assert f"{test_address}:17300" in seen and f"{server.address}:17300" not in seen
+    assert "0.0.0.0:17300" in seen
+    ports = {int(found.rsplit(":", 1)[1]) for found in seen} - {22}
+    assert ports and ports <= set(range(17300, 17310)), ports
+
+
+def test_a_server_never_outlives_the_studys_peer_timeout(lab):
+    """The server a study starts on a host, its ssh gone as with a virtlab killed -9, ends by itself
+    at ``peer_timeout_s``; it was still running once its connection was gone."""
+    text = (
+        f'inventory = "{lab.inventory}"\n[study]\nname = "bound"\npeer_timeout_s = 3\n\n'
+        '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\n\n'
+        '[[workload]]\nname = "iperf3"\nkind = "iperf3"\nduration_s = 1\n'
+    )
+    workload = parse_plan(text, "bound.toml").workloads[0].workload
+    server = lab.host("fleet-1")
+    (argv,) = workload.server_commands("/", 0, bind=server.address)
+    assert argv[:3] == ["timeout", "--foreground", "3s"]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    ssh = subprocess.Popen(lab.ssh_command("fleet-1", argv), **quiet)
+    port = f"{server.address}:{workload.ports(0)[0]}"
+    deadline = time.monotonic() + 10
+    while (pid := listeners(server).get(port)) is None:
+        assert time.monotonic() < deadline, "the server never listened"
+        time.sleep(0.02)
+    ssh.kill()
+    ssh.wait()
+    assert listeners(server).get(port) == pid  # the connection is gone, the server is not
+    lived = 0.0
+    while (age := age_s(pid)) is not None:
+        assert age < 3 + 0.5, "the server outlived peer_timeout_s"
+        lived = age
+        time.sleep(0.05)
+    assert lived > 3 - 0.5  # it ended at its bound, not at the ssh's end
+
+
+def age_s(pid: int) -> float | None:
+    """Seconds since process ``pid`` started; None once it has ended."""
+    started = vnet.process_start_time(pid)
+    if started is None or not vnet.process_running(pid, started):
+        return None
+    return float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")

@@ -591,6 +591,6 @@ def test_cleanup_deletes_the_volumes_whose_owner_died(libvirtd, conn, pool, tmp_
 
 
 def test_a_libvirt_domain_on_virtlabs_bridge_is_refused_not_given_slirp():
-    with pytest.raises(ValueError, match="user-mode networking"):
+    with pytest.raises(ValueError, match="does not join virtlab's own bridge; name a bridge of its host"):
         LibvirtOptions(network="bridge")
     assert LibvirtOptions().offers(BridgeNetwork) is None

@@ -191,9 +191,12 @@ def test_command_lines():
     ]  # fmt: skip
     assert "-r" in nuttcp(direction="receive").client_command("/b", "h")
     both = nuttcp(direction="bidirectional")
-    assert [argv[-1] for argv in both.server_commands("/b", 1)] == ["-P16200", "-P16300"]
+    # a slot is a block of ports: per direction a control port and its data port
+    assert [argv[-1] for argv in both.server_commands("/b", 1)] == ["-P16004", "-P16006"]
+    assert both.ports(1) == (16004, 16005, 16006, 16007) and nuttcp().ports(2) == (16004, 16005)
     sh, flag, script = both.client_command("/b", "h", 1)
-    assert (sh, flag) == ("sh", "-c") and "-Itx -t -P16200" in script and "-Irx -r -P16300" in script
+    assert (sh, flag) == ("sh", "-c")
+    assert "-Itx -t -P16004 -p16005" in script and "-Irx -r -P16006 -p16007" in script
 
 
 def test_roles_follow_peer_senders_and_receivers():

@@ -35,6 +35,10 @@ from typing import Any, Literal
 from virtlab.build import cache_root
 
 Accelerator = Literal["kvm", "tcg"]
+KvmState = Literal["works", "absent", "no access", "emulation failure", "emulated", "fails", "not probed"]
+"""What the probe found of KVM: it runs guest code; no /dev/kvm; /dev/kvm not open to this user; the
+guest stopped with KVM's "emulation failure" (nested hosts); it ran by instruction emulation only;
+it failed otherwise; or nothing could be probed (no QEMU, or the TCG control failed too)."""
 
 QEMU = "qemu-system-x86_64"
 # The line a guest initramfs prints once its init runs; the VM environment's initramfs prints it too.
@@ -55,7 +59,7 @@ _NEXT_STEP = {
 # kernel emulates every instruction. A probe above both limits is not hardware-accelerated.
 _EMULATED_SPIN_S = 0.1
 _EMULATED_SPIN_RATIO = 3.0
-_PROBE_FORMAT = 1
+_PROBE_FORMAT = 2
 _CACHE_FILE = "accel-probe.json"
 
 # Source of BOOT_SECTOR, for reading and for re-assembling with `nasm -f bin` (tests do).
@@ -262,6 +266,7 @@ class AccelProbe:
     cached: bool = False
     # The TCG control run reached its end: False means this probe proves nothing either way.
     control_ok: bool = True
+    kvm: KvmState = "not probed"
 
     def run(self, accelerator: str, guest: str = "boot-sector") -> GuestRun | None:
         return next((r for r in self.runs if r.accelerator == accelerator and r.guest == guest), None)
@@ -295,9 +300,7 @@ def probe_kvm(
     started = time.monotonic()
     qemu_path = shutil.which(qemu)
     if qemu_path is None:
-        return AccelProbe(
-            "tcg", False, f"{qemu} not found (apt-get install qemu-system-x86)", 0.0, control_ok=False
-        )
+        return no_qemu(qemu)
     qemu_version = _first_line([qemu_path, "--version"])
     boot_id = _boot_id()
     key = _cache_key(qemu_path, qemu_version, cpu, kernel, initrd, kernel_marker, append)
@@ -319,6 +322,23 @@ def probe_kvm(
     return probe
 
 
+def no_qemu(qemu: str = QEMU) -> AccelProbe:
+    """The probe of a host without QEMU: nothing could be booted."""
+    return AccelProbe(
+        "tcg", False, f"{qemu} not found (apt-get install qemu-system-x86)", 0.0, control_ok=False
+    )
+
+
+def boot_sector_argv(qemu: str, image: str, cpu: str | None = None) -> list[str]:
+    """QEMU booting the boot sector in ``image`` with its serial port on stdout, but for the
+    accelerator (``-accel``, added last): the same command here and on a remote host."""
+    return [
+        qemu, "-nodefaults", "-no-user-config", "-machine", "pc", "-m", "16", "-display", "none",
+        "-no-reboot", "-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
+        "-drive", f"file={image},format=raw,if=ide", "-boot", "c", *(["-cpu", cpu] if cpu else []),
+    ]  # fmt: skip
+
+
 def run_boot_sector(
     accelerator: str,
     timeout_s: float = 20,
@@ -333,15 +353,14 @@ def run_boot_sector(
     with tempfile.TemporaryDirectory(prefix="virtlab-probe-") as tmp:
         image = Path(tmp) / "probe.img"
         image.write_bytes(boot_sector)
-        argv = [
-            shutil.which(qemu) or qemu, "-nodefaults", "-no-user-config", "-machine", "pc",
-            "-accel", accelerator, "-m", "16", "-display", "none", "-no-reboot",
-            "-serial", "stdio", "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04",
-            "-drive", f"file={image},format=raw,if=ide", "-boot", "c",
-            *(["-cpu", cpu] if cpu else []),
-        ]  # fmt: skip
+        argv = [*boot_sector_argv(shutil.which(qemu) or qemu, str(image), cpu), "-accel", accelerator]
         # The boot sector ends QEMU itself right after its last line, with a known exit status.
         out = _run_qemu(argv, timeout_s, lambda line: line == f"{PROBE_MARKER} done", grace_s=1.0)
+    return boot_sector_run(accelerator, out)
+
+
+def boot_sector_run(accelerator: str, out: QemuOutput) -> GuestRun:
+    """What one QEMU run of the boot sector shows: the stages it reached, its spin time, QEMU's error."""
     stages: list[str] = []
     times: dict[str, float] = {}
     for at, line in out.lines:
@@ -415,30 +434,10 @@ def _probe(
             kvm_future = pool.submit(run_boot_sector, "kvm", timeout_s, cpu=cpu, qemu=qemu_path)
         tcg = tcg_future.result()
         kvm = kvm_future.result() if kvm_future is not None else None
-    runs = tuple(r for r in (kvm, tcg) if r is not None)
-    control = ""
-    if not tcg.ok:
-        control = f"; the TCG control failed as well ({_describe(tcg)}), so the probe itself is broken"
-
-    if kvm is None:
-        return AccelProbe("tcg", False, f"{device_problem}{control}", 0.0, runs=runs, control_ok=tcg.ok)
-    if not kvm.ok:
-        if not tcg.ok:
-            reason = f"probe broken: under TCG {_describe(tcg)}; under KVM {_describe(kvm)}"
-        else:
-            reason = f"under KVM the guest {_describe(kvm)}; under TCG it ran to the end"
-        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok)
-    if _emulated(kvm, tcg):
-        under_tcg = f"{tcg.spin_s:.3f} s" if tcg.spin_s is not None else "unknown"
-        reason = (
-            f"KVM runs guest code by instruction emulation: the spin loop took {kvm.spin_s:.3f} s under "
-            f"KVM and {under_tcg} under TCG{control}"
-        )
-        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok)
-
-    reason = f"boot sector reached long mode and ran its spin loop in {kvm.spin_s:.4f} s under KVM{control}"
-    if kernel is None:
-        return AccelProbe("kvm", True, reason, 0.0, runs=runs, control_ok=tcg.ok)
+    decided = decide(kvm, tcg, device_problem)
+    if not decided.kvm_usable or kernel is None:
+        return decided
+    runs, reason = decided.runs, decided.reason
 
     def boot(accelerator: str) -> GuestRun:
         return boot_kernel(
@@ -451,18 +450,48 @@ def _probe(
     runs = (*runs, kvm_kernel, tcg_kernel)
     if kvm_kernel.ok:
         reason += f"; the guest kernel printed {kernel_marker!r} under KVM after {kvm_kernel.elapsed_s:.1f} s"
-        return AccelProbe("kvm", True, reason, 0.0, runs=runs, control_ok=tcg.ok)
+        return replace(decided, reason=reason, runs=runs)
     if tcg_kernel.ok:
         reason = (
             f"the boot sector passed under KVM, but the guest kernel failed under KVM ({kvm_kernel.error}) "
             f"while it printed {kernel_marker!r} under TCG after {tcg_kernel.elapsed_s:.1f} s"
         )
-        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok)
+        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok, kvm="fails")
     reason += (
         f"; the guest kernel failed under KVM ({kvm_kernel.error}) and under TCG ({tcg_kernel.error}),"
         " so the kernel or initramfs is at fault, not KVM"
     )
-    return AccelProbe("kvm", True, reason, 0.0, runs=runs, control_ok=tcg.ok)
+    return replace(decided, reason=reason, runs=runs)
+
+
+def decide(kvm: GuestRun | None, tcg: GuestRun, device_problem: str | None) -> AccelProbe:
+    """The verdict of the boot sector's runs under KVM (None: /dev/kvm could not be opened, for
+    ``device_problem``) and under TCG, the control; wherever they ran, here or on another host."""
+    runs = tuple(r for r in (kvm, tcg) if r is not None)
+    control = ""
+    if not tcg.ok:
+        control = f"; the TCG control failed as well ({_describe(tcg)}), so the probe itself is broken"
+
+    if kvm is None:
+        state: KvmState = "absent" if device_problem == NO_DEVICE else "no access"
+        reason = f"{device_problem}{control}"
+        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok, kvm=state)
+    if not kvm.ok:
+        if not tcg.ok:
+            reason = f"probe broken: under TCG {_describe(tcg)}; under KVM {_describe(kvm)}"
+            return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=False)
+        reason = f"under KVM the guest {_describe(kvm)}; under TCG it ran to the end"
+        state = "emulation failure" if "emulation failure" in kvm.error else "fails"
+        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok, kvm=state)
+    if _emulated(kvm, tcg):
+        under_tcg = f"{tcg.spin_s:.3f} s" if tcg.spin_s is not None else "unknown"
+        reason = (
+            f"KVM runs guest code by instruction emulation: the spin loop took {kvm.spin_s:.3f} s under "
+            f"KVM and {under_tcg} under TCG{control}"
+        )
+        return AccelProbe("tcg", False, reason, 0.0, runs=runs, control_ok=tcg.ok, kvm="emulated")
+    reason = f"boot sector reached long mode and ran its spin loop in {kvm.spin_s:.4f} s under KVM{control}"
+    return AccelProbe("kvm", True, reason, 0.0, runs=runs, control_ok=tcg.ok, kvm="works")
 
 
 def _emulated(kvm: GuestRun, tcg: GuestRun) -> bool:
@@ -482,22 +511,28 @@ def _describe(run: GuestRun) -> str:
     return f"stopped {reached}, during the {run.where_stopped()}: {why}"
 
 
+NO_DEVICE = "no /dev/kvm (this machine exposes no hardware virtualization, or kvm is not loaded)"
+NO_ACCESS = "/dev/kvm is not accessible to this user (add it to group kvm)"
+
+
 def _kvm_device_problem() -> str | None:
     """Why QEMU cannot even open /dev/kvm, or None when it can."""
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
-            return "no /dev/kvm (this machine exposes no hardware virtualization, or kvm is not loaded)"
+            return NO_DEVICE
         if exc.errno in (errno.EACCES, errno.EPERM):
-            return "/dev/kvm is not accessible to this user (add it to group kvm)"
+            return NO_ACCESS
         return f"cannot open /dev/kvm: {exc.strerror}"
     os.close(fd)
     return None
 
 
 @dataclass
-class _QemuOutput:
+class QemuOutput:
+    """What one QEMU run printed: its serial lines, timed, and its standard error and end."""
+
     lines: list[tuple[float, str]] = field(default_factory=list)  # serial lines, seconds after start
     stderr: str = ""
     exit_status: int | None = None
@@ -507,11 +542,11 @@ class _QemuOutput:
 
 def _run_qemu(
     argv: Sequence[str], timeout_s: float, finished: Callable[[str], bool], grace_s: float = 0.0
-) -> _QemuOutput:
+) -> QemuOutput:
     """Run QEMU with the guest's serial port on stdout until it exits, ``finished(line)`` holds for a
     serial line, KVM reports an internal error (QEMU then pauses the guest instead of exiting), or
     ``timeout_s`` passes; QEMU gets ``grace_s`` to exit by itself after ``finished``, then is killed."""
-    out = _QemuOutput()
+    out = QemuOutput()
     started = time.monotonic()
     proc = subprocess.Popen(
         list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE

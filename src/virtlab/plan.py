@@ -13,9 +13,11 @@ that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds`
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -29,15 +31,28 @@ from virtlab.cpufreq import PowerPlanSpec
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
 from virtlab.hosts import LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
+from virtlab.hosts.guests import (
+    GuestRange,
+    RangeFull,
+    address_in,
+    assign_guest_addresses,
+    guest_range,
+    overlapping,
+)
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
+from virtlab.workloads._base import RunsForADuration
+from virtlab.workloads._peer import PeerSettings, PeerWorkload
 
 DEFAULT_PLAN = "quick.toml"
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
+_PORT_RANGE = re.compile(r"^(\d{1,5})-(\d{1,5})$")
+FIRST_PEER_PORT = 1024
+"""Below it are the ports of a host's own services."""
 _MAX_PARALLEL_HOSTS = (
     "cells on different hosts run at the same time, at most this many hosts at once (each host keeps "
     "its own trial order); 1: one trial at a time, as on one machine"
@@ -67,6 +82,18 @@ class StudySpec(BaseModel):
         default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
     )
     max_parallel_hosts: int = Field(default=8, ge=1, le=256, description=_MAX_PARALLEL_HOSTS)
+    peer_ports: str | None = Field(
+        default=None,
+        description='the ports the servers of network workloads listen on, "FIRST-LAST" (e.g. '
+        '"15201-15299", what a firewall between hosts lets through); default: each workload\'s own',
+    )
+    peer_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="the longest a network workload's server lives, whatever becomes of virtlab (it "
+        "runs under timeout); default: its trial's timeout + 60 s",
+    )
     cpu_sample_interval_s: float | None = Field(
         default=None,
         ge=0.1,
@@ -81,6 +108,29 @@ class StudySpec(BaseModel):
         if value not in stats.reduction_names():
             raise ValueError(f"unknown reduction {value!r}; valid: {', '.join(stats.reduction_names())}")
         return value
+
+    @field_validator("peer_ports")
+    @classmethod
+    def _port_range(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = _PORT_RANGE.match(value)
+        if match is None:
+            raise ValueError(f'{value!r} is not a range of ports: write "FIRST-LAST", e.g. "15201-15299"')
+        first, last = int(match[1]), int(match[2])
+        if not FIRST_PEER_PORT <= first <= last <= 65535:
+            raise ValueError(
+                f"{value!r}: the ports must run upward from at least {FIRST_PEER_PORT} to at most 65535"
+            )
+        return value
+
+    @property
+    def peer_settings(self) -> PeerSettings:
+        ports = None
+        if self.peer_ports is not None:
+            first, last = self.peer_ports.split("-")
+            ports = (int(first), int(last))
+        return PeerSettings(ports, self.peer_timeout_s)
 
     @field_validator("scenario")
     @classmethod
@@ -226,9 +276,12 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
         _environment(table, source, i, hosts)
         for i, table in enumerate(_tables(document, "environment", source))
     )
+    environments = place_bridged_guests(environments, hosts, source)
     workloads = tuple(
-        _workload(table, source, i) for i, table in enumerate(_tables(document, "workload", source))
+        _workload(table, source, i, study.peer_settings)
+        for i, table in enumerate(_tables(document, "workload", source))
     )
+    _check_peer_settings(study, workloads, source)
     for label, specs in (("environment", environments), ("workload", workloads)):
         names = [spec.name for spec in specs]
         for index, name in enumerate(names):
@@ -443,10 +496,133 @@ def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Enviro
     )
 
 
-def _workload(table: dict[str, Any], source: str, index: int) -> WorkloadSpec:
+def place_bridged_guests(
+    environments: Sequence[EnvironmentSpec], hosts: Sequence[Host], source: str
+) -> tuple[EnvironmentSpec, ...]:
+    """A libvirt guest on a host that declares a bridge joins it (unless its plan sets ``bridge``),
+    and a bridged guest without an address gets the next of its host's ``guest_addresses``
+    (``virtlab.hosts.guests``)."""
+    ranges = _guest_ranges(hosts, source)
+    by_name = {host.name: host for host in hosts}
+    placed, wanted, explicit = [], [], {}
+    for spec in environments:
+        if spec.kind != "libvirt":
+            placed.append(spec)
+            continue
+        from virtlab.environments.libvirt import LibvirtOptions  # a plan with a libvirt guest loads it
+
+        host = by_name.get(spec.host) if spec.host is not None else None
+        options = spec.options
+        assert isinstance(options, LibvirtOptions)
+        bridge, address = options.bridge, options.guest_address
+        if host is not None and host.bridge is not None and "bridge" not in options.model_fields_set:
+            if options.nic != "none":
+                bridge = host.bridge
+                spec = _with_options(spec, bridge=bridge)
+        where = f"environment {spec.name!r}"
+        if bridge is not None and address is None:
+            if host is None or host.name not in ranges or bridge != host.bridge:
+                raise InputError(
+                    source,
+                    f"{where}: a guest on bridge {bridge!r} needs its address there",
+                    'give guest_address = "A.B.C.D/N", or place it (host =) on a host that declares '
+                    "this bridge and guest_addresses",
+                )
+            wanted.append((spec.name, host.name))
+        elif address is not None:
+            ip = address.split("/")[0]
+            if ip in explicit:
+                raise InputError(
+                    source,
+                    f"{where}: guest_address {ip} is {explicit[ip]!r}'s too",
+                    "give each guest its own",
+                )
+            explicit[ip] = spec.name
+        placed.append(spec)
+    try:
+        assigned = assign_guest_addresses(wanted, ranges, {ipaddress.IPv4Address(ip) for ip in explicit})
+    except RangeFull as full:
+        raise InputError(
+            source, str(full), "widen its guest_addresses, or place fewer guests there"
+        ) from None
+    return tuple(
+        _with_options(spec, guest_address=assigned[spec.name].with_prefixlen)
+        if spec.name in assigned
+        else spec
+        for spec in placed
+    )
+
+
+def _guest_ranges(hosts: Sequence[Host], source: str) -> dict[str, GuestRange]:
+    """Each host's guest range (``host_problem`` has checked each alone), none sharing an address
+    with another's or with a host's own."""
+    ranges = {host.name: guest_range(host.guest_addresses, host.guest_prefix)
+              for host in hosts if host.guest_addresses is not None}  # fmt: skip
+    clash = overlapping(ranges)
+    if clash is not None:
+        first, second = clash
+        raise InputError(
+            source,
+            f"hosts {first!r} and {second!r}: guest_addresses {ranges[first]} and {ranges[second]} overlap",
+            "give each host's guests addresses of their own",
+        )
+    for host in hosts:
+        for address in filter(None, (host.address, host.test_address)):
+            owner = address_in(ranges, address)
+            if owner is not None:
+                raise InputError(
+                    source,
+                    f"host {host.name!r}: its address {address} is among host {owner!r}'s guest_addresses",
+                    "keep the hosts' own addresses out of every guest range",
+                )
+    return ranges
+
+
+def _with_options(spec: EnvironmentSpec, **changes: Any) -> EnvironmentSpec:
+    """``spec`` with some options changed, validated again as the plan's own would be."""
+    values = {**spec.options.model_dump(exclude_unset=True), **changes}
+    return replace(spec, options=type(spec.options).model_validate(values))
+
+
+def _workload(table: dict[str, Any], source: str, index: int, peers: PeerSettings) -> WorkloadSpec:
     name, kind, cls, where = _plugin_table(table, source, f"workload[{index}]", WORKLOADS)
     params = _validated(cls.Params, _without(table, "name", "kind"), source, where)
-    return WorkloadSpec(name, kind, cls(params))
+    return WorkloadSpec(name, kind, cls(params, peers) if issubclass(cls, PeerWorkload) else cls(params))
+
+
+def _check_peer_settings(study: StudySpec, workloads: tuple[WorkloadSpec, ...], source: str) -> None:
+    """The study's port range holds what each network workload runs at once, and its server bound
+    outlasts their traffic."""
+    for spec in workloads:
+        workload = spec.workload
+        if not isinstance(workload, PeerWorkload):
+            continue
+        where = f"workload {spec.name!r}"
+        if study.peer_ports is not None:
+            if "port" in workload.params.model_fields_set:
+                raise InputError(
+                    source,
+                    f"{where}: port is given, and so is study.peer_ports",
+                    "remove the workload's port: its servers take their ports from peer_ports",
+                )
+            needed = workload.slots_needed() * workload.port_block()
+            if workload.slot_count() < workload.slots_needed():
+                raise InputError(
+                    source,
+                    f"study.peer_ports: {study.peer_ports} holds too few ports for {where}, which needs "
+                    f"{needed} ({workload.slots_needed()} client(s) at once, {workload.port_block()} each)",
+                    f"widen the range to at least {needed} ports",
+                )
+        params = workload.params
+        if study.peer_timeout_s is not None and isinstance(params, RunsForADuration):
+            planned = params.planned_s(dict(params))
+            if study.peer_timeout_s <= planned:
+                raise InputError(
+                    source,
+                    f"study.peer_timeout_s ({study.peer_timeout_s:g}) would end {where}'s servers "
+                    f"before its {params.planned_as} ({planned:g})",
+                    f"give peer_timeout_s more than {planned:g}",
+                )
 
 
 def _without(table: dict[str, Any], *keys: str) -> dict[str, Any]:

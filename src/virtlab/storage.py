@@ -89,7 +89,7 @@ class SharedStorage:
             raise self.problems.get(environment) or StorageUnavailable("virtlab's NFS export is not running")
         directory = posixpath.join(self.mounts[environment], workload.params.directory)  # type: ignore[attr-defined]
         params = workload.params.model_copy(update={"directory": posixpath.normpath(directory)})
-        return type(workload)(params)
+        return workload.rebuilt(params)
 
     def describe(self) -> dict[str, Any] | None:
         if self.export is None:

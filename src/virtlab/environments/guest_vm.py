@@ -169,6 +169,13 @@ def cpu_model(options: VmOptions, accelerator: str) -> str:
     return options.cpu_model or ("host" if accelerator == "kvm" else "max")
 
 
+def bridge_mac(address: str) -> str:
+    """A locally administered MAC (QEMU's 52:54:00 prefix) from the last three bytes of the guest's
+    IPv4 address: distinct for every address of a network."""
+    octets = [int(part) for part in address.split("/")[0].split(".")]
+    return "52:54:00:" + ":".join(f"{octet:02x}" for octet in octets[1:])
+
+
 def root_device(options: VmOptions) -> str:
     """The root disk's name in the guest: virtio-blk disks are vdX, SCSI and ATA disks sdX."""
     return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"

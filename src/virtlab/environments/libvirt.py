@@ -69,14 +69,17 @@ from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
     GuestVmEnvironment,
     VmOptions,
+    bridge_mac,
     cpu_model,
     kernel_cmdline,
     numa_layout,
 )
+from virtlab.hosts.guests import guest_interface
 from virtlab.image import qemu_img_info
 from virtlab.qemu import alive, start_ticks, tail, vcpu_threads_by_name
 from virtlab.qmp import GuestAgentError
 
+_BRIDGE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")  # a Linux interface name
 DEFAULT_URI = "qemu:///system"
 DOMAIN_PREFIX = "virtlab-"
 OWNER_NAMESPACE = "https://virtlab.invalid/libvirt/owner/1"
@@ -108,6 +111,16 @@ class LibvirtOptions(VmOptions):
             '(default: "default" for a remote uri, none for a local one; "" = no upload, shared storage)'
         ),
     )
+    bridge: str | None = Field(
+        default=None,
+        description="a bridge of the host running the domain (e.g. br0): the guest's NIC joins it, and "
+        "other hosts reach the guest at guest_address (a plan host's bridge, unless given)",
+    )
+    guest_address: str | None = Field(
+        default=None,
+        description="the guest's ADDRESS/PREFIX on that bridge (e.g. 10.0.0.100/24); a guest on a plan "
+        "host gets the next of the host's guest_addresses",
+    )
 
     @model_validator(mode="after")
     def _libvirt_consistent(self) -> LibvirtOptions:
@@ -119,12 +132,21 @@ class LibvirtOptions(VmOptions):
         if self.machine == "microvm":
             raise ValueError('libvirt does not define microvm domains: use machine "q35" or "pc"')
         if self.network == "bridge":
-            # The domain uses libvirt's user-mode networking: a plan that asks for virtlab's bridge
-            # would silently get slirp instead, and its network figures would not be what it says.
+            # A libvirt domain does not join virtlab's own bridge: a plan that asks for it would
+            # silently get slirp instead, and its network figures would not be what it says.
             raise ValueError(
-                'network "bridge": a libvirt domain here uses libvirt\'s user-mode networking; '
-                'use kind = "vm" for a guest on virtlab\'s bridge'
+                'network "bridge": a libvirt domain does not join virtlab\'s own bridge; name a bridge '
+                'of its host (bridge = "br0", guest_address = "A.B.C.D/N"), or use kind = "vm"'
             )
+        if self.bridge is not None:
+            if not _BRIDGE_NAME.match(self.bridge):
+                raise ValueError(f"bridge {self.bridge!r} is not an interface name (letters, digits, . _ -)")
+            if self.nic == "none":
+                raise ValueError(f'bridge {self.bridge!r} needs a NIC: nic = "virtio-net" or "e1000"')
+        if self.guest_address is not None:
+            if self.bridge is None:
+                raise ValueError("guest_address is the guest's address on a host bridge: give bridge too")
+            guest_interface(self.guest_address)  # ValueError says what is wrong with it
         if self.storage_pool and re.search(r"[/\s]", self.storage_pool):
             raise ValueError(f"storage_pool {self.storage_pool!r}: a libvirt pool name has no '/' or spaces")
         return self
@@ -333,7 +355,13 @@ def domain_xml(
     devices = _sub(domain, "devices")
     _disks(devices, options, files)
     if options.nic != "none":
-        interface = _sub(devices, "interface", type="user")
+        bridged = isinstance(options, LibvirtOptions) and options.bridge is not None
+        interface = _sub(devices, "interface", type="bridge" if bridged else "user")
+        if isinstance(options, LibvirtOptions) and options.bridge is not None:
+            # the host's bridge, and the MAC the guest's address gives, as on virtlab's own bridge
+            _sub(interface, "source", bridge=options.bridge)
+            if options.guest_address is not None:
+                _sub(interface, "mac", address=bridge_mac(options.guest_address))
         _sub(interface, "model", type="virtio" if options.nic == "virtio-net" else "e1000")
     if files.console is not None:
         serial = _sub(devices, "serial", type="file")
@@ -773,10 +801,20 @@ class LibvirtEnvironment(GuestVmEnvironment):
         except ImportError:
             problems.append(f"libvirt-python is not installed: {INSTALL_HINT}")
         if is_local(options.uri):
-            # Same host: QEMU, the block device, host CPUs and KVM are this machine's.
+            # Same host: QEMU, the block device, host CPUs, KVM and the bridge are this machine's.
             problems += super().preflight(options, tools)
+            if (
+                options.bridge is not None
+                and not (Path("/sys/class/net") / options.bridge / "bridge").is_dir()
+            ):
+                problems.append(f"bridge {options.bridge!r}: this machine has no bridge of that name")
         elif shutil.which("qemu-img") is None:  # the disk copy is made here whatever the host
             problems.append("qemu-img is not installed on this host (apt-get install qemu-utils)")
+        if options.bridge is not None and options.guest_address is None:
+            problems.append(
+                f'bridge {options.bridge!r}: the guest needs its address there: guest_address = "A.B.C.D/N" '
+                "(or place it on a plan host that declares guest_addresses)"
+            )
         return problems
 
     @classmethod
@@ -811,7 +849,18 @@ class LibvirtEnvironment(GuestVmEnvironment):
     def _network_mode(self) -> str:
         if self.options.nic == "none":
             return "none"
+        if self.options.bridge is not None:
+            return (
+                f"bridge {self.options.bridge} of the host running the domain, the guest at "
+                f"{self.options.guest_address} (other hosts reach it there)"
+            )
         return "user (libvirt's user-mode networking: the guest reaches out through QEMU's slirp)"
+
+    def network_address(self) -> str | None:
+        """The guest's address on its host's bridge, where other hosts reach it; None without one."""
+        if self.options.bridge is None or self.options.guest_address is None or not self._qemu_alive():
+            return None
+        return self.options.guest_address.split("/")[0]
 
     def _qemu_manifest(self) -> dict[str, Any]:
         return {"qemu_argv": self._qemu_argv()}
@@ -832,7 +881,9 @@ class LibvirtEnvironment(GuestVmEnvironment):
         image = self._image()
         guest_kernels = self._guest_kernels(kernels)
         try:
-            cmdline = kernel_cmdline(self.options, self.accelerator)
+            # a bridged guest's static address (the image has no DHCP client): virtlab.ip
+            address = self.options.guest_address if self.options.bridge is not None else None
+            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address)
         except ValueError as error:  # a command line longer than the kernel takes
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
         self._disk = self._make_disk(image, guest_kernels)

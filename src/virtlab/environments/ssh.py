@@ -34,6 +34,7 @@ the next command reconnects. After a crash of virtlab the shared connection ends
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import itertools
 import os
 import platform
@@ -191,6 +192,11 @@ class SshOptions(EnvironmentOptions):
         description="existing remote directory in which the default workdir is made "
         "(a host's workdir in the plan or inventory)",
     )
+    test_address: str | None = Field(
+        default=None,
+        description="the IP address of its dedicated benchmark NIC: network workloads reach it there "
+        "and its servers bind to it alone; default: host",
+    )
     build: Literal["remote", "copy"] = Field(
         default="remote",
         description="remote: compile the C kernels there with its own compiler and -march=native; "
@@ -209,6 +215,16 @@ class SshOptions(EnvironmentOptions):
         if not _NAME.match(value) or value.startswith("-"):
             raise ValueError(f"{value!r} is not a plain name (letters, digits, '.', '-', '_', ':')")
         return value
+
+    @field_validator("test_address")
+    @classmethod
+    def _ip_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (a server binds to it)") from None
 
     @field_validator("compiler")
     @classmethod
@@ -365,7 +381,9 @@ class SshEnvironment(Environment):
         return ProcessCommand(argv, self._ssh_argv(wrapped), send_signal, start_new_session=True)
 
     def network_address(self) -> str | None:
-        return self.options.host
+        """Its benchmark NIC's address where the plan gives one (``test_address``), else where ssh
+        reaches it: the address network workloads use, and their servers bind to."""
+        return self.options.test_address or self.options.host
 
     def _master_alive(self) -> bool:
         return run_process(self._ssh_argv(None, ("-O", "check")), _KILL_TIMEOUT_S).exit_code == 0

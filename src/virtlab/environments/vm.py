@@ -46,6 +46,7 @@ from virtlab.environments.guest_vm import (
     QEMU,
     GuestVmEnvironment,
     VmOptions,
+    bridge_mac,
     cpu_model,
     guest_kernel_cflags,
     kernel_cmdline,
@@ -168,13 +169,6 @@ def qemu_argv(
             argv += ["-netdev", "user,id=net0,restrict=on"]
         argv += ["-device", f"{device},netdev=net0"]
     return argv
-
-
-def bridge_mac(address: str) -> str:
-    """A locally administered MAC (QEMU's 52:54:00 prefix) from the last three bytes of the guest's
-    IPv4 address: distinct for every address of a network."""
-    octets = [int(part) for part in address.split("/")[0].split(".")]
-    return "52:54:00:" + ":".join(f"{octet:02x}" for octet in octets[1:])
 
 
 # --------------------------------------------------------------------------- crash leftovers

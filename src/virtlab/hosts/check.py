@@ -9,8 +9,11 @@ timestamps on an open connection: the offset is the reading against their midpoi
 uncertainty half the round trip of the closest pair.
 
 A host fails when it cannot be reached (the reason and the fix as ssh's own messages say) or lacks
-a tool the plan needs there; a missing root or sudo, and a clock far off, are warnings. /dev/kvm is
-only seen to exist ("present, not probed"): whether KVM really works is a later probe.
+a tool the plan needs there; a missing root or sudo, and a clock far off, are warnings. KVM is
+probed for real, as ``virtlab doctor`` probes it here (``virtlab.hosts.kvm``: the doctor's boot
+sector under KVM and TCG with the host's QEMU): it works, fails with "emulation failure" (nested
+KVM), runs by emulation only, or is absent, with the reason; a check that need not know (``virtlab
+run`` for hosts without VMs) only sees whether /dev/kvm exists ("present, not probed").
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from virtlab.environments.ssh import (
@@ -37,6 +41,7 @@ from virtlab.environments.ssh import (
     parse_sections,
     ssh_client_options,
 )
+from virtlab.hosts.kvm import PROBE_SCRIPT, probe_args, read_probe
 from virtlab.hosts.model import Host
 from virtlab.hosts.remote import ssh_options
 
@@ -50,10 +55,12 @@ BASE_TOOLS = ("runc", "virsh", "cc")
 _END = b"\n== end\n"
 _SSH_FAILED = 255
 
-# The facts, then the clock: a line in, a timestamp out, until the input ends. Tools to look for
-# are the script's arguments ("$@"), each quoted on the way (shlex), never pasted into it.
+# The facts, then the clock: a line in, a timestamp out, until the input ends. The arguments, each
+# quoted on the way (shlex), never pasted into the script: "probe" or "skip" (the KVM probe), the
+# tools to look for, "--", then the KVM probe's own (``hosts.kvm.probe_args``).
 CHECK_SCRIPT = (
     DESCRIBE_SCRIPT
+    + PROBE_SCRIPT
     + """section privilege
 if [ "$(id -u)" = 0 ]; then echo root
 elif command -v sudo >/dev/null 2>&1 && sudo -n true </dev/null >/dev/null 2>&1; then echo sudo
@@ -61,7 +68,14 @@ else echo none; fi
 section numa; ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l
 section kvm; [ -e /dev/kvm ] && echo present
 section tools
-for tool in "$@"; do found=$(command -v -- "$tool" 2>/dev/null) && printf '%s=%s\\n' "$tool" "$found"; done
+probe=$1
+shift
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    found=$(command -v -- "$1" 2>/dev/null) && printf '%s=%s\\n' "$1" "$found"
+    shift
+done
+shift
+[ "$probe" = probe ] && probe_kvm "$@"
 section end
 while read -r _; do date +%s.%N; done
 """
@@ -101,24 +115,28 @@ def check_hosts(
     needs: Mapping[str, Sequence[str]],
     max_parallel: int = MAX_PARALLEL,
     timeout_s: float = CHECK_TIMEOUT_S,
+    probe_kvm: bool = True,
 ) -> list[HostCheck]:
     """Every host checked at once (at most ``max_parallel`` at a time), in the order given.
-    ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have."""
+    ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have;
+    ``probe_kvm``: boot the KVM probe there (a few seconds), or only see whether /dev/kvm exists."""
     if not hosts:
         return []
+
+    def check(host: Host) -> HostCheck:
+        return check_host(host, tools.get(host.name, ()), needs.get(host.name, ()), timeout_s, probe_kvm)
+
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
-        return list(
-            pool.map(
-                lambda host: check_host(host, tools.get(host.name, ()), needs.get(host.name, ()), timeout_s),
-                hosts,
-            )
-        )
+        return list(pool.map(check, hosts))
 
 
-def check_host(host: Host, tools: Sequence[str], needs: Sequence[str], timeout_s: float) -> HostCheck:
+def check_host(
+    host: Host, tools: Sequence[str], needs: Sequence[str], timeout_s: float, probe_kvm: bool = True
+) -> HostCheck:
     started = time.monotonic()
     looked_for = sorted({*BASE_TOOLS, *tools, *needs})
-    script = ["sh", "-c", CHECK_SCRIPT, "virtlab-check", *looked_for]
+    probe = ["probe", *looked_for, "--", *probe_args()] if probe_kvm else ["skip", *looked_for, "--"]
+    script = ["sh", "-c", CHECK_SCRIPT, "virtlab-check", *probe]
     if host.is_local:
         argv, options = script, None
     else:
@@ -161,11 +179,20 @@ def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) 
         },
         "virtualization": described["virtualization"],
         "numa_nodes": int(numa) if numa.isdigit() and int(numa) > 0 else None,
-        "kvm": "present, not probed" if sections.get("kvm") == "present" else "absent",
+        **_kvm(sections),
         "runc": found.get("runc"),
         "libvirt": found.get("virsh"),
         "tools": {tool: found.get(tool) for tool in looked_for},
     }
+
+
+def _kvm(sections: dict[str, str]) -> dict[str, Any]:
+    """What the KVM probe found there (``kvm``, ``kvm_reason``, the probe), or, not probed, whether
+    /dev/kvm exists."""
+    if "kvm_device" not in sections:
+        return {"kvm": "present, not probed" if sections.get("kvm") == "present" else "absent"}
+    probe = read_probe(sections)
+    return {"kvm": probe.kvm, "kvm_reason": probe.reason, "kvm_probe": probe.to_dict()}
 
 
 def _clock(session: _Session) -> dict[str, Any]:
@@ -304,8 +331,8 @@ def render(checks: Sequence[HostCheck], console: Console) -> None:
     table = Table(
         title="hosts",
         title_justify="left",
-        caption="kvm: /dev/kvm present, not probed yet; "
-        "clock: the host's minus this machine's, ms ± uncertainty",
+        caption="kvm: what the doctor's probe found there (works, emulation failure, emulated, "
+        "fails, absent, no access; why below); clock: the host's minus this machine's, ms ± uncertainty",
         caption_justify="left",
     )
     for column in ("host", "result", "reached as", "privilege", "CPU", "memory", "NUMA", "kvm", "runc",
@@ -326,7 +353,7 @@ def render(checks: Sequence[HostCheck], console: Console) -> None:
             f"{f['cores'] or '?'} × {f['cpu_model'] or '?'}",
             f"{f['memory_bytes'] / 2**30:.1f} GiB" if f["memory_bytes"] else "?",
             str(f["numa_nodes"] or "?"),
-            "yes" if f["kvm"] != "absent" else "no",
+            f["kvm"],
             "yes" if f["runc"] else "no",
             "yes" if f["libvirt"] else "no",
             f"{found}/{len(f['tools'])}",
@@ -341,6 +368,9 @@ def render(checks: Sequence[HostCheck], console: Console) -> None:
             console.print(f"[red]{check.host.name}[/red]: {problem}", highlight=False)
         for warning in check.warnings:
             console.print(f"[yellow]{check.host.name}[/yellow]: {warning}", highlight=False)
+        if check.facts.get("kvm_reason"):
+            said = escape(f"{check.host.name}: KVM {check.facts['kvm']}: {check.facts['kvm_reason']}")
+            console.print(said, highlight=False)
 
 
 def _offset_text(offset: float | None, uncertainty: float | None) -> str:

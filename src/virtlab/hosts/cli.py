@@ -33,12 +33,19 @@ def check(
         int | None,
         typer.Option("--max-parallel", min=1, max=256, help="hosts checked at the same time (default 16)"),
     ] = None,
+    kvm_probe: Annotated[
+        bool,
+        typer.Option(
+            "--kvm-probe/--no-kvm-probe",
+            help="boot virtlab doctor's KVM probe on every host (a few seconds), or only see /dev/kvm",
+        ),
+    ] = True,
 ) -> None:
     """Reach every host over SSH (host key verified) and read what it offers; exit 1 if one fails."""
     from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
 
     hosts, tools, needs = hosts_to_check(source)
-    checks = check_hosts(hosts, tools, needs, max_parallel or MAX_PARALLEL)
+    checks = check_hosts(hosts, tools, needs, max_parallel or MAX_PARALLEL, probe_kvm=kvm_probe)
     if as_json:
         document = {
             "source": str(source),

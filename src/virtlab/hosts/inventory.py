@@ -10,7 +10,8 @@ Ansible's precedence. virtlab reads from them::
     ansible_port (or ansible_ssh_port)       the sshd port, also ``name:port`` in INI
     ansible_ssh_private_key_file             the identity (relative: to the inventory's directory)
     ansible_connection = local               this machine, not reached over SSH
-    virtlab_known_hosts, virtlab_libvirt_uri, virtlab_workdir, virtlab_test_address, virtlab_bridge
+    virtlab_known_hosts, virtlab_libvirt_uri, virtlab_workdir, virtlab_test_address, virtlab_bridge,
+    virtlab_guest_addresses, virtlab_guest_prefix
 
 A file that no plugin can parse is bad input, with Ansible's own reasons; Ansible's warnings
 never reach virtlab's output otherwise.
@@ -101,12 +102,9 @@ def _host(name: str, values: dict[str, Any], groups: tuple[str, ...], path: Path
     port = value("ansible_port", "ansible_ssh_port") or 22
     identity = value("ansible_ssh_private_key_file", "ansible_private_key_file")
     known = value("virtlab_known_hosts")
-    try:
-        port = int(port)
-    except (TypeError, ValueError):
-        raise InputError(
-            str(path), f"{where}: ansible_port {port!r} is not a number", "give a TCP port"
-        ) from None
+    port = _number(port, f"{where}: ansible_port", path, "give a TCP port")
+    prefix = _number(value("virtlab_guest_prefix") or 24, f"{where}: virtlab_guest_prefix", path,
+                     "give the prefix length of its bridge's subnet, e.g. 24")  # fmt: skip
     host = Host(
         name=name,
         groups=groups,
@@ -119,6 +117,8 @@ def _host(name: str, values: dict[str, Any], groups: tuple[str, ...], path: Path
         workdir=_text(value("virtlab_workdir")),
         test_address=_text(value("virtlab_test_address")),
         bridge=_text(value("virtlab_bridge")),
+        guest_addresses=_text(value("virtlab_guest_addresses")),
+        guest_prefix=prefix,
     )
     problem = host_problem(host)
     if problem is not None:
@@ -137,6 +137,13 @@ def _templated(value: Any, values: dict[str, Any], loader: Any, path: Path, wher
         return Templar(loader=loader, variables=values).template(value)
     except AnsibleError as error:
         raise InputError(str(path), f"{where}: Ansible cannot render {value!r}: {error}", _FIX) from None
+
+
+def _number(value: Any, what: str, path: Path, fix: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputError(str(path), f"{what} {value!r} is not a number", fix) from None
 
 
 def _text(value: Any) -> str | None:

@@ -33,6 +33,10 @@ class Host:
     """The address of a dedicated benchmark NIC, for network tests between hosts."""
     bridge: str | None = None
     """The host's bridge that guests can join for addresses reachable from other hosts."""
+    guest_addresses: str | None = None
+    """``FIRST-LAST``: the addresses its bridged guests take, one each (``virtlab.hosts.guests``)."""
+    guest_prefix: int = 24
+    """The prefix length of the bridge's subnet, which the guests' addresses are on."""
     groups: tuple[str, ...] = field(default=())
     """The inventory groups it belongs to (``all`` left out); empty for a plan's ``[[host]]``."""
 
@@ -60,6 +64,8 @@ class Host:
             "workdir": self.workdir,
             "test_address": self.test_address,
             "bridge": self.bridge,
+            "guest_addresses": self.guest_addresses,
+            "guest_prefix": self.guest_prefix,
             "groups": list(self.groups),
         }
 

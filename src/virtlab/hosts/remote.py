@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from virtlab.hosts.guests import guest_range
 from virtlab.hosts.model import Host
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ def host_ssh_values(host: Host) -> dict[str, Any]:
         values["identity_file"] = host.identity
     if host.workdir is not None:
         values["workdir_parent"] = host.workdir
+    if host.test_address is not None:
+        values["test_address"] = host.test_address
     return values
 
 
@@ -42,8 +45,15 @@ def ssh_options(host: Host, overrides: Mapping[str, Any] | None = None) -> SshOp
 
 def host_problem(host: Host) -> str | None:
     """Why ``host``'s values cannot reach it over SSH (a user name ssh would read as an option, a
-    port out of range), or None; checked where the host is read, so that a bad inventory line is
-    bad input before anything runs."""
+    port out of range) or cannot give its guests addresses, or None; checked where the host is read,
+    so that a bad inventory line is bad input before anything runs."""
+    if host.guest_addresses is not None:
+        if host.bridge is None:
+            return "guest_addresses: its guests take them on its bridge, and it declares none (give bridge)"
+        try:
+            guest_range(host.guest_addresses, host.guest_prefix)
+        except ValueError as error:
+            return f"guest_addresses: {error}"
     if host.address is None:
         return None
     try:

@@ -35,6 +35,14 @@ class HostTable(BaseModel):
         default=None, description="address of a dedicated benchmark NIC (network tests between hosts)"
     )
     bridge: str | None = Field(default=None, description="its bridge for guests reachable from other hosts")
+    guest_addresses: str | None = Field(
+        default=None,
+        description='"FIRST-LAST": the addresses its bridged guests take, one each (e.g. '
+        '"10.0.0.100-10.0.0.120", on the bridge\'s subnet)',
+    )
+    guest_prefix: int = Field(
+        default=24, description="prefix length of the bridge's subnet (guest_addresses)"
+    )
 
     def to_host(self, directory: Path) -> Host:
         return Host(
@@ -48,6 +56,8 @@ class HostTable(BaseModel):
             workdir=self.workdir,
             test_address=self.test_address,
             bridge=self.bridge,
+            guest_addresses=self.guest_addresses,
+            guest_prefix=self.guest_prefix,
         )
 
 

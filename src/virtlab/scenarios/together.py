@@ -234,7 +234,7 @@ def with_duration(spec: WorkloadSpec, duration_s: int) -> WorkloadSpec:
     given = workload.params.model_dump(exclude_unset=True)
     given.pop("timeout_s", None)
     params = type(workload.params).model_validate({**given, "duration_s": duration_s})
-    return WorkloadSpec(spec.name, spec.kind, type(workload)(params))
+    return WorkloadSpec(spec.name, spec.kind, workload.rebuilt(params))
 
 
 # --------------------------------------------------------------------------- the studies' frame

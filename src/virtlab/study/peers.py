@@ -24,7 +24,7 @@ from virtlab.environments._base import BackgroundCommand
 from virtlab.samples import ParseError, Sample
 from virtlab.study.measure import error_log
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
-from virtlab.workloads._peer import LOOPBACK, MAX_PEERS, Link, PeerWorkload, Role, ServerPlace, combine
+from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, Role, ServerPlace, combine
 
 LISTEN_WAIT_S = 30.0
 """How long a client keeps trying to connect while its server starts (a TCG guest is slow)."""
@@ -42,8 +42,12 @@ def measure_peers(
     servers stopped, the clean-up run, the clients' outputs parsed and combined; a failure anywhere
     is the trial's, with the logs of both sides."""
     try:
-        slots, lease = ports.lease_slots(workload.ports, len(links), MAX_PEERS)
+        slots, lease = ports.lease_slots(workload.ports, len(links), workload.slot_count())
     except ports.PortsBusy as busy:
+        if workload.settings.ports is not None:
+            first, last = workload.settings.ports
+            held = f'[study] peer_ports = "{first}-{last}" holds them all'
+            raise TrialFailure(f"{busy}; {held}", "") from None
         raise TrialFailure(str(busy), "") from None
     try:
         # The slots this trial holds, in place of the ones its links were planned with.

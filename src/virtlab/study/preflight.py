@@ -99,7 +99,11 @@ def host_problems(plan: Plan) -> list[str]:
     needs = host_needs(plan)
     if not needs:
         return []
-    checks = check_hosts([plan.host(name) for name in needs], needs, needs)
+    # The KVM probe costs seconds a host: only for hosts where the plan runs VMs.
+    vm_hosts = {env.host for env in plan.environments if env.kind in ("vm", "libvirt")}
+    checks = check_hosts(
+        [plan.host(name) for name in needs], needs, needs, probe_kvm=bool(vm_hosts & set(needs))
+    )
     return [f"host {check.host.name!r}: {'; '.join(check.problems)}" for check in checks if not check.ok]
 
 

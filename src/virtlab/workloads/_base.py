@@ -93,6 +93,10 @@ class Workload(ABC):
     def from_mapping(cls, values: dict[str, Any]) -> Workload:
         return cls(cls.Params.model_validate(values))
 
+    def rebuilt(self, params: WorkloadParams) -> Workload:
+        """The same workload with other parameters (what the study set besides them kept)."""
+        return type(self)(params)
+
     @abstractmethod
     def command(self, bin_dir: str) -> list[str]:
         """The argument list of one trial; ``bin_dir`` is where the kernels are in the environment."""

@@ -19,8 +19,12 @@ from the parameters and from the cell (the environment the trial is measured in)
 
 Every client gets a *slot*: its own server(s) and ports, so that clients running at once never
 share a server (iperf3 serves one test at a time; a non-forking nuttcp server one connection at a
-time). Every server is bounded by ``timeout`` besides being stopped after each trial, so a crashed
-virtlab leaves none running for long; the client's run is bounded by ``duration_s``.
+time). A slot is a block of ``port_block()`` consecutive ports: slot k of a workload starts at its
+first port + k x block, the first port being the workload's own (iperf3 15201, ...) or the first of
+the study's ``peer_ports`` range (``PeerSettings``), which then holds every server of the study.
+Every server is bounded by ``timeout`` besides being stopped after each trial, so a crashed virtlab
+leaves none running for long (its trial's timeout + 60 s, or the study's ``peer_timeout_s``); the
+client's run is bounded by ``duration_s``.
 
 A message-size sweep (seed 001's netperf block sizes, 64 B .. 64 KB) is several workloads in the
 plan, one ``message_bytes`` each, as dd's file sizes are: each size is then its own cell,
@@ -138,6 +142,17 @@ class PeerParams(PairParams, RunsForADuration):
 
 
 @dataclass(frozen=True)
+class PeerSettings:
+    """What a study says of the servers of all its network workloads (``[study] peer_ports``,
+    ``peer_timeout_s``): a firewall between hosts opens one range, and no server outlives a bound."""
+
+    ports: tuple[int, int] | None = None
+    """The first and the last port (inclusive) the servers listen on; None: each workload's own."""
+    server_timeout_s: float | None = None
+    """The longest a server lives, whatever becomes of virtlab; None: its trial's timeout + 60 s."""
+
+
+@dataclass(frozen=True)
 class Link:
     """One client and the server it talks to, by environment name; ``slot`` numbers its ports."""
 
@@ -166,6 +181,13 @@ class PeerWorkload(Workload):
     client_knows_server: ClassVar[bool] = False
     """True: ``client_command`` gets ``server=ServerPlace(...)`` of the server side."""
 
+    def __init__(self, params: WorkloadParams | None = None, settings: PeerSettings | None = None) -> None:
+        super().__init__(params)
+        self.settings = settings or PeerSettings()
+
+    def rebuilt(self, params: WorkloadParams) -> PeerWorkload:
+        return type(self)(params, self.settings)
+
     # -- the programs ------------------------------------------------------------------
     @abstractmethod
     def server_commands(self, bin_dir: str, slot: int = 0, bind: str | None = None) -> list[list[str]]:
@@ -178,10 +200,31 @@ class PeerWorkload(Workload):
         ``client_knows_server`` takes ``server: ServerPlace`` besides."""
 
     @abstractmethod
+    def own_first_port(self) -> int:
+        """Where slot 0's ports start when the study gives no ``peer_ports``."""
+
+    def port_block(self) -> int:
+        """How many consecutive ports the servers (and their data connections) of one slot use."""
+        return 1
+
     def ports(self, slot: int = 0) -> tuple[int, ...]:
         """Every port the servers (and their data connections) of ``slot`` listen on: the runner
         holds them host-wide for the trial (``virtlab.ports``), so studies side by side never
         share one."""
+        first = self.settings.ports[0] if self.settings.ports else self.own_first_port()
+        start = first + slot * self.port_block()
+        return tuple(range(start, start + self.port_block()))
+
+    def slot_count(self) -> int:
+        """How many slots (clients at once) its ports offer: MAX_PEERS, or what the study's range holds."""
+        if self.settings.ports is None:
+            return MAX_PEERS
+        first, last = self.settings.ports
+        return (last - first + 1) // self.port_block()
+
+    def slots_needed(self) -> int:
+        """The clients one trial runs at once (its senders or receivers, else one)."""
+        return max(1, len(self._senders()), len(self._receivers()))
 
     # -- what the runner places and runs around the programs (all optional) --------------
     def files(self, role: Role, slot: int = 0) -> dict[str, bytes]:
@@ -216,9 +259,12 @@ class PeerWorkload(Workload):
         return "Connection refused" in stdout or "Connection refused" in stderr
 
     def bounded(self, argv: list[str]) -> list[str]:
-        """``argv`` ended by ``timeout`` after the trial's timeout and a margin, should nobody stop it.
-        ``--foreground`` keeps it in the caller's process group, which is what gets signalled."""
-        return ["timeout", "--foreground", f"{int(self.params.timeout_s) + SERVER_MARGIN_S}s", *argv]
+        """``argv`` ended by ``timeout`` after the study's ``peer_timeout_s``, else the trial's timeout
+        and a margin, should nobody stop it. ``--foreground`` keeps it in the caller's process
+        group, which is what gets signalled."""
+        bound = self.settings.server_timeout_s
+        limit = f"{bound:g}s" if bound is not None else f"{int(self.params.timeout_s) + SERVER_MARGIN_S}s"
+        return ["timeout", "--foreground", limit, *argv]
 
     # -- roles -------------------------------------------------------------------------
     def peer_names(self) -> tuple[str, ...]:

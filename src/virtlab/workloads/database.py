@@ -226,16 +226,17 @@ class Database(PeerWorkload):
     def server_commands(self, bin_dir: str, slot: int = 0, bind: str | None = None) -> list[list[str]]:
         p = self.params
         argv = ["sh", "-c", _POSTGRES, "virtlab-postgres", self.directory(slot), bind or "127.0.0.1",
-                str(p.port + slot), str(p.shared_buffers_mb), str(p.clients + 10), USER]  # fmt: skip
+                str(self.ports(slot)[0]), str(p.shared_buffers_mb), str(p.clients + 10), USER]  # fmt: skip
         return [self.bounded(argv)]
 
-    def ports(self, slot: int = 0) -> tuple[int, ...]:
-        return (self.params.port + slot,)
+    def own_first_port(self) -> int:
+        return self.params.port
 
     def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
         p = self.params
+        (port,) = self.ports(slot)
         return ["sh", "-c", _CLIENT, "virtlab-pgbench", self.directory(slot, "client"), server_address,
-                str(p.port + slot), str(p.scale), str(p.clients), str(p.jobs), str(p.duration_s), p.builtin,
+                str(port), str(p.scale), str(p.clients), str(p.jobs), str(p.duration_s), p.builtin,
                 p.query_mode]  # fmt: skip
 
     def not_listening(self, stdout: str, stderr: str) -> bool:

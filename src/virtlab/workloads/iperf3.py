@@ -3,8 +3,8 @@
 Server: ``iperf3 --server --one-off --json --port 15201+slot`` (it serves one test and ends; the
 runner stops it in any case). Client: ``iperf3 --client ADDRESS --time duration_s --length
 message_bytes --parallel streams --json``, with ``--reverse`` to receive and ``--bidir`` for both
-directions at once (iperf3 >= 3.7). Ports 15201.. rather than iperf3's 5201, where a host's own
-iperf3 service may listen.
+directions at once (iperf3 >= 3.7). Ports 15201.. (or the study's ``peer_ports``) rather than
+iperf3's 5201, where a host's own iperf3 service may listen.
 
 Figures are the *receiver's* counts (``end.sum_received``): what arrived, not what was written
 into a socket buffer. ``throughput_mbps`` is the one direction measured, or the sum of both for
@@ -37,15 +37,16 @@ class Iperf3(PeerWorkload):
     tools: ClassVar[tuple[str, ...]] = ("iperf3", "timeout")
 
     def server_commands(self, bin_dir: str, slot: int = 0, bind: str | None = None) -> list[list[str]]:
-        argv = ["iperf3", "--server", "--one-off", "--json", "--port", str(PORT + slot)]
+        argv = ["iperf3", "--server", "--one-off", "--json", "--port", str(self.ports(slot)[0])]
         return [self.bounded(argv + (["--bind", bind] if bind else []))]
 
-    def ports(self, slot: int = 0) -> tuple[int, ...]:
-        return (PORT + slot,)
+    def own_first_port(self) -> int:
+        return PORT
 
     def client_command(self, bin_dir: str, server_address: str, slot: int = 0) -> list[str]:
         p = self.params
-        argv = ["iperf3", "--client", server_address, "--port", str(PORT + slot), "--time", str(p.duration_s),
+        (port,) = self.ports(slot)
+        argv = ["iperf3", "--client", server_address, "--port", str(port), "--time", str(p.duration_s),
                 "--length", str(p.message_bytes), "--parallel", str(p.streams), "--json"]  # fmt: skip
         return argv + {"send": [], "receive": ["--reverse"], "bidirectional": ["--bidir"]}[p.direction]
 

@@ -3,7 +3,8 @@
 Server: ``nuttcp -S --nofork -4 -P <control port>`` (seed 000: ``nuttcp -S -4``; ``--nofork`` keeps it
 in the foreground, where the runner can stop it). Client: ``nuttcp -fparse -t|-r -T duration_s
 -l message_bytes [-N streams] ADDRESS``: ``-t`` transmits to the server (send), ``-r`` receives from
-it (receive). Ports 16000 + 200 x slot (control) and the next ones (data).
+it (receive). Ports 16000.. (or the study's ``peer_ports``): per slot, a control port and the
+next one (data), twice for ``bidirectional``.
 
 What seed 000's table says and what nuttcp does: the seed lists ``-B`` for "receive only" and ``-D``
 for "send only", but in nuttcp (6.1.2, Debian 12's) ``-B`` makes a receiver output only full blocks
@@ -30,8 +31,6 @@ from virtlab.workloads._base import WorkloadParams, register_workload
 from virtlab.workloads._peer import PeerParams, PeerWorkload
 
 CONTROL_PORT = 16000
-SLOT_PORTS = 200
-RECEIVE_OFFSET = 100  # the second server of a bidirectional client; data ports follow each control port
 TAGS = {"send": ("tx",), "receive": ("rx",), "bidirectional": ("tx", "rx")}
 
 
@@ -69,14 +68,16 @@ class Nuttcp(PeerWorkload):
         script = f'{tx} & {rx}; rx=$?; wait $!; tx=$?; [ "$tx" -ne 0 ] && exit "$tx"; exit "$rx"'
         return ["sh", "-c", script]
 
-    def ports(self, slot: int = 0) -> tuple[int, ...]:
-        # Each control port's data connection is on the next one (the client's -p).
-        return tuple(port + offset for port in self._control_ports(slot).values() for offset in (0, 1))
+    def own_first_port(self) -> int:
+        return CONTROL_PORT
+
+    def port_block(self) -> int:
+        # Each direction's server: a control port, and its data connection on the next one (-p).
+        return 2 * len(TAGS[self.params.direction])
 
     def _control_ports(self, slot: int) -> dict[str, int]:
-        base = CONTROL_PORT + SLOT_PORTS * slot
-        tags = TAGS[self.params.direction]
-        return {tag: base + (RECEIVE_OFFSET if tag == "rx" and len(tags) == 2 else 0) for tag in tags}
+        ports = self.ports(slot)
+        return {tag: ports[2 * index] for index, tag in enumerate(TAGS[self.params.direction])}
 
     def parse(self, output: str) -> list[Sample]:
         lines = parse_lines(output)

@@ -236,13 +236,13 @@ class Scp(PeerWorkload):
             "Compression": "no",
             "Subsystem": "sftp internal-sftp",
         }
-        argv = ["sh", "-c", _SSHD, "virtlab-sshd", self.directory(slot), "-p", str(p.port + slot)]
+        argv = ["sh", "-c", _SSHD, "virtlab-sshd", self.directory(slot), "-p", str(self.ports(slot)[0])]
         for key, value in options.items():
             argv += ["-o", f"{key}={value}"]
         return [self.bounded(argv)]
 
-    def ports(self, slot: int = 0) -> tuple[int, ...]:
-        return (self.params.port + slot,)
+    def own_first_port(self) -> int:
+        return self.params.port
 
     def client_command(
         self, bin_dir: str, server_address: str, slot: int = 0, server: ServerPlace | None = None
@@ -265,7 +265,7 @@ class Scp(PeerWorkload):
             "Compression": "no",
         }
         scp = ["scp", "-v", "-O" if p.protocol == "scp" else "-s", "-F", "/dev/null", "-c", p.cipher,
-               "-P", str(p.port + slot), "-i", f"{mine}/id"]  # fmt: skip
+               "-P", str(self.ports(slot)[0]), "-i", f"{mine}/id"]  # fmt: skip
         for key, value in options.items():
             scp += ["-o", f"{key}={value}"]
         scp += [f"{mine}/{SOURCE}", f"{server.user}@{server_address}:{target}"]

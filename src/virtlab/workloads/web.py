@@ -348,10 +348,11 @@ class Web(PeerWorkload):
         """virtlab's directory in the server's working directory, for one client's slot."""
         return f"virtlab-web-{self._token}-{slot}"
 
-    def ports(self, slot: int = 0) -> tuple[int, ...]:
-        """The HTTP and HTTPS ports of one slot's nginx."""
-        http = self.params.port + 2 * slot
-        return http, http + 1
+    def own_first_port(self) -> int:
+        return self.params.port
+
+    def port_block(self) -> int:
+        return 2  # one slot's nginx: HTTP, and HTTPS on the next port
 
     def log_path(self) -> str:
         """Where nginx serves its access log, to the client only (a per-study token in the path)."""
