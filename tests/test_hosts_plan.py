@@ -461,3 +461,77 @@ def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
     )
     _, [unread] = verdict(facts_of(privilege="root", clock_offset_s=None, clock_uncertainty_s=None), [])
     assert unread == "its clock could not be read (date +%s.%N)"
+
+
+# ----------------------------------------------------------------------------- baselines per host
+
+TWO_HOSTS = (
+    '[[host]]\nname = "kvm1"\naddress = "10.0.0.1"\n\n[[host]]\nname = "xen1"\naddress = "10.0.0.2"\n\n'
+)
+
+
+def per_host(*environments: tuple[str, str, str | None], baseline: str = "per-host") -> Plan:
+    tables = "".join(
+        f'[[environment]]\nname = "{name}"\nkind = "{kind}"\n' + (f'host = "{host}"\n' if host else "") + "\n"
+        for name, kind, host in environments
+    )
+    text = f'{TWO_HOSTS}[study]\nname = "s"\nbaseline = "{baseline}"\n\n{tables}{WORKLOAD}'
+    return parse_plan(text, "lab.toml", DATA)
+
+
+def per_host_refused(*environments: tuple[str, str, str | None]) -> InputError:
+    with pytest.raises(InputError) as caught:
+        per_host(*environments)
+    assert caught.value.where == "lab.toml"
+    return caught.value
+
+
+def test_per_host_each_environment_is_against_its_own_host_s_native():
+    lab = per_host(
+        ("kvm1-guest", "ssh", "kvm1"), ("here", "native", None), ("kvm1", "native", "kvm1"),
+        ("xen1", "native", "xen1"), ("xen1-domu", "ssh", "xen1"),
+    )  # fmt: skip
+    assert lab.baseline == "per-host"
+    assert lab.baselines == {
+        "kvm1-guest": "kvm1", "here": "here", "kvm1": "kvm1", "xen1": "xen1", "xen1-domu": "xen1",
+    }  # fmt: skip
+    assert lab.baseline_of("xen1-domu") == "xen1"  # also a network workload's default peer there
+    assert [host.name for host in lab.hosts_used()] == ["kvm1", "local", "xen1"]
+    assert lab.hosts_used()[1] is LOCAL and lab.hosts_used()[0] == lab.host("kvm1")
+    # one named baseline is every environment's, across hosts
+    one = per_host(("here", "native", None), ("kvm1", "native", "kvm1"), baseline="here")
+    assert one.baselines == {"here": "here", "kvm1": "here"} and one.baseline_of("kvm1") == "here"
+
+
+def test_per_host_a_host_without_a_native_is_a_plan_error_naming_it_and_the_fix():
+    error = per_host_refused(("here", "native", None), ("kvm1", "native", "kvm1"), ("domu", "ssh", "xen1"))
+    assert error.problem == (
+        "study.baseline = \"per-host\": host 'xen1' has no native environment to be the baseline of domu"
+    )
+    assert error.fix == (
+        'add an [[environment]] with kind = "native" and host = "xen1", or name one baseline environment '
+        '(baseline = "here")'
+    )
+    local = per_host_refused(("kvm1", "native", "kvm1"), ("guest", "vm", None))
+    assert "host 'local' has no native environment to be the baseline of guest" in local.problem
+    assert local.fix.startswith('add an [[environment]] with kind = "native", or name one baseline')
+
+
+def test_per_host_an_ssh_environment_reached_by_its_own_address_is_refused():
+    with pytest.raises(InputError) as caught:
+        parse_plan(
+            '[study]\nname = "s"\nbaseline = "per-host"\n\n'
+            '[[environment]]\nname = "here"\nkind = "native"\n\n'
+            f'[[environment]]\nname = "far"\nkind = "ssh"\nhost = "10.0.0.9"\n\n{WORKLOAD}',
+            "lab.toml",
+        )
+    assert "an ssh environment reached by its own address has no native environment" in caught.value.problem
+    assert "declare the machine it reaches as a [[host]]" in caught.value.fix
+
+
+def test_per_host_is_a_word_no_environment_may_be_named_then():
+    error = per_host_refused(("per-host", "native", None))
+    assert "an environment is also named 'per-host'" in error.problem and "rename" in error.fix
+    with pytest.raises(InputError) as unknown:
+        per_host(("here", "native", None), baseline="there")
+    assert unknown.value.fix == 'use one of: here, or "per-host" (each host\'s native)'
