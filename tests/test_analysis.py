@@ -82,6 +82,12 @@ def test_results_document_carries_failures_and_version():
     ]
     assert len(results["cells"]) == 4
     assert upgrade_results(results) is results
+    assert list(results) == ["version", "study", "metadata", "environments", "workloads", "cells",
+                             "manifest_differences", "failures", "hosts", "host_differences"]  # fmt: skip
+    assert (results["study"], results["metadata"], results["workloads"]) == (study, {"host": {}}, WORKLOADS)
+    # records that name no baseline are against the study's one
+    vm_pi = next(c for c in results["cells"] if c["environment"] == "vm" and c["workload"] == "pi")
+    assert (vm_pi["baseline"], vm_pi["overhead_pct"]) == ("native", pytest.approx(25.0))
 
 
 @pytest.mark.parametrize("document", [{}, {"version": "1"}, {"version": 99}])
@@ -104,6 +110,7 @@ def test_manifest_differences_flag_missing_cpu_flags_and_another_kernel():
     assert [(d["environment"], d["key"]) for d in differences] == [("vm", "cpu_flags"), ("ct", "kernel")]
     assert differences[0]["note"] == "lacks avx2 that native has"
     assert differences[1]["baseline"] == "6.1" and differences[1]["value"] == "5.10"
+    assert differences[1]["note"] == "kernel differs from native" and differences[1]["against"] == "native"
 
 
 # --------------------------------------------------------------------------- baselines per host
@@ -111,11 +118,11 @@ def test_manifest_differences_flag_missing_cpu_flags_and_another_kernel():
 # Two hosts, each with its native: kvm1-vm against kvm1 (pi 12 -> 18: +50 %), here-ct against here
 # (pi 10 -> 11: +10 %, not within 10 %); the set-up figure of here-ct is described, never judged.
 LAB_TRIALS = (
-    [trial("here", "pi", i, elapsed_s=10) for i in range(3)]
+    [trial("lonely", "pi", i, elapsed_s=5) for i in range(3)]  # first: the cells after it are judged too
+    + [trial("here", "pi", i, elapsed_s=10) for i in range(3)]
     + [trial("here-ct", "pi", i, elapsed_s=11) for i in range(3)]
     + [trial("kvm1", "pi", i, elapsed_s=12) for i in range(3)]
     + [trial("kvm1-vm", "pi", i, elapsed_s=18) for i in range(3)]
-    + [trial("lonely", "pi", i, elapsed_s=5) for i in range(3)]
     + [TrialRecord("here-ct", "setup", 0, 0.0, 0.0, (Sample("start_s", 0.3, "s", "lower", {}, 0.0),))]
 )
 LAB_BASELINES = {"here": "here", "here-ct": "here", "kvm1": "kvm1", "kvm1-vm": "kvm1", "lonely": "gone"}
@@ -124,14 +131,14 @@ LAB_WORKLOADS = [*WORKLOADS, {"name": "setup", "kind": "environment", "params": 
 
 def test_each_cell_is_judged_against_its_own_baseline_and_names_it():
     order = ["here", "here-ct", "kvm1", "kvm1-vm", "lonely"]
-    cells = build_cells(LAB_TRIALS, LAB_WORKLOADS, order, LAB_BASELINES.get, "mean", 10)
+    cells = build_cells(LAB_TRIALS, LAB_WORKLOADS, order, LAB_BASELINES.get, "mean", 12)
     by_env = {(c["environment"], c["workload"]): c for c in cells}
     judged = {
         env: (c["baseline"], c["overhead_pct"], c["verdict"]) for (env, wl), c in by_env.items() if wl == "pi"
     }
     assert judged == {
         "here": (None, None, None),
-        "here-ct": ("here", pytest.approx(10.0), "×"),
+        "here-ct": ("here", pytest.approx(10.0), "○"),  # within 12 %
         "kvm1": (None, None, None),
         "kvm1-vm": ("kvm1", pytest.approx(50.0), "×"),
         "lonely": ("gone", None, None),  # its baseline has no such cell: named, no overhead
@@ -158,12 +165,14 @@ def test_manifest_differences_are_against_each_environment_s_own_baseline():
         {"name": "kvm1-vm", "manifest": {"kernel": "5.10", "cpu_flags": []}},
         {"name": "orphan", "manifest": {"kernel": "4.19"}},
     ]
+    environments[1]["manifest"]["cpu_flags"].append("aes")
+    environments[2]["manifest"]["clocksource"] = "tsc"  # its baseline does not say: nothing to compare
     found = manifest_differences(
         environments, {"here": "here", "kvm1": "kvm1", "kvm1-vm": "kvm1", "orphan": None}
     )
     assert found == [
-        {"environment": "kvm1-vm", "key": "cpu_flags", "baseline": ["avx2"], "value": [], "against": "kvm1",
-         "note": "lacks avx2 that kvm1 has"},
+        {"environment": "kvm1-vm", "key": "cpu_flags", "baseline": ["avx2", "aes"], "value": [],
+         "against": "kvm1", "note": "lacks aes, avx2 that kvm1 has"},
     ]  # fmt: skip
 
 
@@ -215,6 +224,9 @@ def test_memory_within_two_percent_is_the_same_memory_and_unknown_facts_are_left
     gib = 2**30
     close = [host("local", memory_bytes=64 * gib), host("kvm1", memory_bytes=int(64 * gib * 1.02))]
     assert host_differences(close) == []
+    assert (
+        host_differences([host("local", memory_bytes=50), host("kvm1", memory_bytes=51)]) == []
+    )  # 2 % exactly
     apart = [host("local", memory_bytes=64 * gib), host("kvm1", memory_bytes=int(64 * gib * 1.021))]
     assert [d["key"] for d in host_differences(apart)] == ["memory_bytes"]
     # a fact one host could not give, and a host that was not reached, compare nothing
@@ -235,10 +247,15 @@ def test_the_document_records_hosts_their_differences_and_each_environment_s_bas
     study = {"name": "lab", "baseline": "per-host", "reduction": "mean", "threshold_pct": 10}
     environments = [{"name": env, "host": "local" if env.startswith("here") else "kvm1", "baseline": base}
                     for env, base in LAB_BASELINES.items() if env != "lonely"]  # fmt: skip
+    environments[3]["manifest"] = {"kernel": "6.1"}  # kvm1-vm against kvm1
+    environments[2]["manifest"] = {"kernel": "5.10"}
     hosts = [host("local"), host("kvm1", cores=32)]
     results = build_results(study, {}, environments, LAB_WORKLOADS, LAB_TRIALS, [], hosts)
     assert results["hosts"] == hosts
     assert [d["key"] for d in results["host_differences"]] == ["cores"]
+    assert [(d["environment"], d["against"]) for d in results["manifest_differences"]] == [
+        ("kvm1-vm", "kvm1")
+    ]
     judged = {c["environment"]: c["baseline"] for c in results["cells"] if c["workload"] == "pi"}
     # "lonely" has no record: a per-host study gives it no baseline
     assert judged == {"here": None, "here-ct": "here", "kvm1": None, "kvm1-vm": "kvm1", "lonely": None}

@@ -41,9 +41,12 @@ def test_per_host_a_host_without_a_native_is_named_with_its_environments():
 
 def test_per_host_an_ssh_environment_on_no_host_of_the_plan_has_no_baseline():
     lab = [Placed("here", "native", "local"), Placed("far", "ssh", None)]
-    with pytest.raises(NoBaselineOnHost, match="an ssh environment reached by its own address") as missing:
+    with pytest.raises(NoBaselineOnHost, match="a machine that is no host of the plan") as missing:
         resolve_baselines(lab, PER_HOST)
     assert (missing.value.host, missing.value.environments) == (None, ("far",))
+    assert str(missing.value) == (
+        "a machine that is no host of the plan has no native environment to be the baseline of far"
+    )
     # a native without a host is no host's native
     with pytest.raises(NoBaselineOnHost):
         resolve_baselines([Placed("odd", "native", None)], PER_HOST)

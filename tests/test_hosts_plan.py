@@ -517,16 +517,27 @@ def test_per_host_a_host_without_a_native_is_a_plan_error_naming_it_and_the_fix(
     assert local.fix.startswith('add an [[environment]] with kind = "native", or name one baseline')
 
 
-def test_per_host_an_ssh_environment_reached_by_its_own_address_is_refused():
+@pytest.mark.parametrize(
+    "far",
+    ['kind = "ssh"\nhost = "10.0.0.9"', 'kind = "libvirt"\nuri = "qemu+ssh://root@10.0.0.9/system"'],
+    ids=["ssh-address", "remote-libvirt"],
+)
+def test_per_host_an_environment_reaching_a_machine_by_itself_is_refused(far):
+    text = (
+        '[study]\nname = "s"\nbaseline = "per-host"\n\n[[environment]]\nname = "here"\nkind = "native"\n\n'
+        f'[[environment]]\nname = "far"\n{far}\n\n{WORKLOAD}'
+    )
     with pytest.raises(InputError) as caught:
-        parse_plan(
-            '[study]\nname = "s"\nbaseline = "per-host"\n\n'
-            '[[environment]]\nname = "here"\nkind = "native"\n\n'
-            f'[[environment]]\nname = "far"\nkind = "ssh"\nhost = "10.0.0.9"\n\n{WORKLOAD}',
-            "lab.toml",
-        )
-    assert "an ssh environment reached by its own address has no native environment" in caught.value.problem
-    assert "declare the machine it reaches as a [[host]]" in caught.value.fix
+        parse_plan(text, "lab.toml")
+    assert "a machine that is no host of the plan has no native environment" in caught.value.problem
+    assert "declare the machine an ssh environment reaches as a [[host]]" in caught.value.fix
+    # with one baseline it is compared with that, and placed on no host
+    plan = parse_plan(text.replace('baseline = "per-host"', 'baseline = "here"'), "lab.toml")
+    assert [env.on_host for env in plan.environments] == ["local", None] and plan.baseline_of("far") == "here"
+    assert plan.hosts_used() == (LOCAL,)
+    local_libvirt = text.replace("qemu+ssh://root@10.0.0.9/system", "qemu:///system")
+    if "libvirt" in far:  # libvirt on this machine is this machine's: against its native
+        assert parse_plan(local_libvirt, "lab.toml").baselines == {"here": "here", "far": "here"}
 
 
 def test_per_host_is_a_word_no_environment_may_be_named_then():

@@ -222,12 +222,19 @@ def test_a_cell_without_trials_has_no_figure():
 def test_format_1_is_upgraded_to_one_host_and_the_one_baseline(document):
     before = copy.deepcopy(document)
     document["environments"].append({"name": "far", "kind": "ssh", "options": {"host": "10.0.0.9"}})
+    document["environments"].append(
+        {"name": "lv", "kind": "libvirt", "options": {"uri": "qemu+ssh://h/system"}}
+    )
+    document["environments"].append(
+        {"name": "lv-here", "kind": "libvirt", "options": {"uri": "qemu:///system"}}
+    )
     upgraded = upgrade_results(document)
     assert document["version"] == 1 and document["environments"][0] == before["environments"][0]  # untouched
     assert upgraded["version"] == 2 == FORMAT_VERSION
     assert [(e["name"], e["host"], e["baseline"]) for e in upgraded["environments"]] == [
         ("native", "local", "native"), ("container", "local", "native"), ("vm", "local", "native"),
         ("far", None, "native"),  # reached over SSH: on a machine whose name format 1 did not record
+        ("lv", None, "native"), ("lv-here", "local", "native"),
     ]  # fmt: skip
     judged = {(c["environment"], c["kind"], c["baseline"]) for c in upgraded["cells"]}
     assert ("native", "himeno", None) in judged and ("container", "himeno", "native") in judged
@@ -246,7 +253,7 @@ LAB = {
     "environments": [
         {"name": "kvm1-vm", "host": "kvm1", "baseline": "kvm1"},
         {"name": "here", "baseline": "here"},  # no host written: this machine
-        {"name": "far", "host": None},  # an ssh environment reached by its own address
+        {"name": "far", "host": None},  # an ssh environment reached by its own address: no host of the plan
         {"name": "kvm1", "host": "kvm1", "baseline": "kvm1"},
     ],
     "cells": [

@@ -23,7 +23,8 @@ NATIVE_KIND = "native"
 @dataclass(frozen=True)
 class Placed:
     """An environment where the plan puts it: ``host`` is the name of its host (``local`` for this
-    machine), None for an ``ssh`` environment reached by its own address (on no host of the plan)."""
+    machine), None for one that reaches its machine by itself (an ``ssh`` address, a remote libvirt
+    URI: no host of the plan)."""
 
     name: str
     kind: str
@@ -31,12 +32,12 @@ class Placed:
 
 
 class NoBaselineOnHost(ValueError):
-    """Per-host baselines, and a host (or an ``ssh`` environment on no host) without a native."""
+    """Per-host baselines, and a host (or an environment on no host of the plan) without a native."""
 
     def __init__(self, host: str | None, environments: Sequence[str]) -> None:
         self.host = host
         self.environments = tuple(environments)
-        where = f"host {host!r}" if host is not None else "an ssh environment reached by its own address"
+        where = f"host {host!r}" if host is not None else "a machine that is no host of the plan"
         super().__init__(f"{where} has no native environment to be the baseline of {', '.join(environments)}")
 
 

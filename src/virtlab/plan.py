@@ -130,11 +130,11 @@ class EnvironmentSpec:
 
     @property
     def on_host(self) -> str | None:
-        """The name of the host it runs on: ``local`` for this machine, None for an ``ssh``
-        environment reached by its own address (a machine that is no host of the plan)."""
+        """The name of the host it runs on: ``local`` for this machine, None for one that reaches
+        another machine by itself (an ``ssh`` address, a remote libvirt URI: no host of the plan)."""
         if self.host is not None:
             return self.host
-        return None if self.kind == "ssh" else LOCAL_NAME
+        return None if self.cls.runs_elsewhere(self.options) else LOCAL_NAME
 
     def describe(self) -> dict[str, Any]:
         described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
@@ -192,7 +192,7 @@ class Plan:
 
     def hosts_used(self) -> tuple[Host, ...]:
         """The hosts the environments run on, each once, in the order the environments first name
-        them (``LOCAL`` for this machine); an ``ssh`` environment reached by its own address adds none."""
+        them (``LOCAL`` for this machine); one that reaches its machine by itself adds none."""
         names = dict.fromkeys(env.on_host for env in self.environments if env.on_host is not None)
         return tuple(LOCAL if name == LOCAL_NAME else self.host(name) for name in names)
 
@@ -293,9 +293,9 @@ def _check_baselines(plan: Plan) -> None:
     except NoBaselineOnHost as missing:
         if missing.host is None:
             fix = (
-                "declare the machine it reaches as a [[host]] (or in the inventory), name it with "
-                f'host = "..." and add a kind = "native" environment on it; or name one baseline '
-                f'environment (baseline = "{plan.environments[0].name}")'
+                "declare the machine an ssh environment reaches as a [[host]] (or in the inventory), "
+                'name it with host = "..." and add a kind = "native" environment on it; or name one '
+                f'baseline environment (baseline = "{plan.environments[0].name}")'
             )
         else:
             where = "" if missing.host == LOCAL_NAME else f' and host = "{missing.host}"'

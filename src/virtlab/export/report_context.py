@@ -412,8 +412,9 @@ def failure_cause(error: str, log: str | None) -> str:
     return f"{error}: {first_line(last)}" if last else error
 
 
-ADDRESSED = "reached by address"
-"""The column group of ``ssh`` environments reached by their own address (on no host of the plan)."""
+ADDRESSED = "no host of the plan"
+"""The column group of the environments that reach their machine by themselves (an ``ssh`` address, a
+remote libvirt URI)."""
 
 
 class ReportContext:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from virtlab.hosts.model import LOCAL, LOCAL_NAME
 
@@ -21,12 +22,15 @@ ENVIRONMENT_KIND = "environment"
 
 
 def host_before_2(environment: Mapping[str, Any]) -> str | None:
-    """The host of an environment recorded before format 2, which did not name it: one reached over
-    SSH (its options give an address) ran on a machine whose name was not recorded (None); every
-    other one ran on this machine."""
+    """The host of an environment recorded before format 2, which did not name it: one that reached
+    another machine (its options give an SSH address, or a libvirt URI with a host) ran on a machine
+    whose name was not recorded (None); every other one ran on this machine."""
     options = environment.get("options")
-    reached = isinstance(options, Mapping) and isinstance(options.get("host"), str)
-    return None if reached else LOCAL_NAME
+    if not isinstance(options, Mapping):
+        return LOCAL_NAME
+    uri = options.get("uri")
+    remote_uri = isinstance(uri, str) and bool(urlsplit(uri).hostname)
+    return None if isinstance(options.get("host"), str) or remote_uri else LOCAL_NAME
 
 
 def _records(raw: Any) -> list[Any]:

@@ -158,7 +158,7 @@ class Environment:
     error: str | None = None
     host: str | None = LOCAL_NAME
     """The name of the host it ran on (``local``: this machine; an entry of :attr:`Results.hosts`);
-    None for an ``ssh`` environment reached by its own address."""
+    None for one that reached its machine by itself (an ``ssh`` address, a remote libvirt URI)."""
     baseline: str | None = None
     """The environment its overheads are against (a baseline: its own name); None where not recorded."""
 
