@@ -185,8 +185,8 @@ def test_cells_written_with_their_trials_only_compare_through_the_model():
 
 
 def test_a_study_of_a_newer_format_is_refused():
-    newer = {**study("after", []), "version": 2}
-    with pytest.raises(ValueError, match="version 2 is newer"):
+    newer = {**study("after", []), "version": 3}
+    with pytest.raises(ValueError, match="version 3 is newer"):
         compare_results(study("before", []), newer)
 
 

@@ -462,3 +462,88 @@ def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
     )
     _, [unread] = verdict(facts_of(privilege="root", clock_offset_s=None, clock_uncertainty_s=None), [])
     assert unread == "its clock could not be read (date +%s.%N)"
+
+
+# ----------------------------------------------------------------------------- baselines per host
+
+TWO_HOSTS = (
+    '[[host]]\nname = "kvm1"\naddress = "10.0.0.1"\n\n[[host]]\nname = "xen1"\naddress = "10.0.0.2"\n\n'
+)
+
+
+def per_host(*environments: tuple[str, str, str | None], baseline: str = "per-host") -> Plan:
+    tables = "".join(
+        f'[[environment]]\nname = "{name}"\nkind = "{kind}"\n' + (f'host = "{host}"\n' if host else "") + "\n"
+        for name, kind, host in environments
+    )
+    text = f'{TWO_HOSTS}[study]\nname = "s"\nbaseline = "{baseline}"\n\n{tables}{WORKLOAD}'
+    return parse_plan(text, "lab.toml", DATA)
+
+
+def per_host_refused(*environments: tuple[str, str, str | None]) -> InputError:
+    with pytest.raises(InputError) as caught:
+        per_host(*environments)
+    assert caught.value.where == "lab.toml"
+    return caught.value
+
+
+def test_per_host_each_environment_is_against_its_own_host_s_native():
+    lab = per_host(
+        ("kvm1-guest", "ssh", "kvm1"), ("here", "native", None), ("kvm1", "native", "kvm1"),
+        ("xen1", "native", "xen1"), ("xen1-domu", "ssh", "xen1"),
+    )  # fmt: skip
+    assert lab.baseline == "per-host"
+    assert lab.baselines == {
+        "kvm1-guest": "kvm1", "here": "here", "kvm1": "kvm1", "xen1": "xen1", "xen1-domu": "xen1",
+    }  # fmt: skip
+    assert lab.baseline_of("xen1-domu") == "xen1"  # also a network workload's default peer there
+    assert [host.name for host in lab.hosts_used()] == ["kvm1", "local", "xen1"]
+    assert lab.hosts_used()[1] is LOCAL and lab.hosts_used()[0] == lab.host("kvm1")
+    # one named baseline is every environment's, across hosts
+    one = per_host(("here", "native", None), ("kvm1", "native", "kvm1"), baseline="here")
+    assert one.baselines == {"here": "here", "kvm1": "here"} and one.baseline_of("kvm1") == "here"
+
+
+def test_per_host_a_host_without_a_native_is_a_plan_error_naming_it_and_the_fix():
+    error = per_host_refused(("here", "native", None), ("kvm1", "native", "kvm1"), ("domu", "ssh", "xen1"))
+    assert error.problem == (
+        "study.baseline = \"per-host\": host 'xen1' has no native environment to be the baseline of domu"
+    )
+    assert error.fix == (
+        'add an [[environment]] with kind = "native" and host = "xen1", or name one baseline environment '
+        '(baseline = "here")'
+    )
+    local = per_host_refused(("kvm1", "native", "kvm1"), ("guest", "vm", None))
+    assert "host 'local' has no native environment to be the baseline of guest" in local.problem
+    assert local.fix.startswith('add an [[environment]] with kind = "native", or name one baseline')
+
+
+@pytest.mark.parametrize(
+    "far",
+    ['kind = "ssh"\nhost = "10.0.0.9"', 'kind = "libvirt"\nuri = "qemu+ssh://root@10.0.0.9/system"'],
+    ids=["ssh-address", "remote-libvirt"],
+)
+def test_per_host_an_environment_reaching_a_machine_by_itself_is_refused(far):
+    text = (
+        '[study]\nname = "s"\nbaseline = "per-host"\n\n[[environment]]\nname = "here"\nkind = "native"\n\n'
+        f'[[environment]]\nname = "far"\n{far}\n\n{WORKLOAD}'
+    )
+    with pytest.raises(InputError) as caught:
+        parse_plan(text, "lab.toml")
+    assert "a machine that is no host of the plan has no native environment" in caught.value.problem
+    assert "declare the machine an ssh environment reaches as a [[host]]" in caught.value.fix
+    # with one baseline it is compared with that, and placed on no host
+    plan = parse_plan(text.replace('baseline = "per-host"', 'baseline = "here"'), "lab.toml")
+    assert [env.on_host for env in plan.environments] == ["local", None] and plan.baseline_of("far") == "here"
+    assert plan.hosts_used() == (LOCAL,)
+    local_libvirt = text.replace("qemu+ssh://root@10.0.0.9/system", "qemu:///system")
+    if "libvirt" in far:  # libvirt on this machine is this machine's: against its native
+        assert parse_plan(local_libvirt, "lab.toml").baselines == {"here": "here", "far": "here"}
+
+
+def test_per_host_is_a_word_no_environment_may_be_named_then():
+    error = per_host_refused(("per-host", "native", None))
+    assert "an environment is also named 'per-host'" in error.problem and "rename" in error.fix
+    with pytest.raises(InputError) as unknown:
+        per_host(("here", "native", None), baseline="there")
+    assert unknown.value.fix == 'use one of: here, or "per-host" (each host\'s native)'

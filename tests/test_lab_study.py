@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import re
 import sqlite3
 import subprocess
@@ -273,3 +274,75 @@ def age_s(pid: int) -> float | None:
     if started is None or not vnet.process_running(pid, started):
         return None
     return float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+
+
+def per_host_plan(lab) -> str:
+    """Each host's native is the baseline of what else runs there: an ssh environment on each fleet
+    host (the same machine reached as the ssh kind reaches one) against that host's native."""
+    environments = [("here", "native", None), ("one", "native", "fleet-1"), ("one-ssh", "ssh", "fleet-1"),
+                    ("two", "native", "fleet-2"), ("two-ssh", "ssh", "fleet-2")]  # fmt: skip
+    text = f'inventory = "{lab.inventory}"\n\n[study]\nname = "per-host"\ntrials = 2\nwarmups = 0\n'
+    text += 'baseline = "per-host"\n\n'
+    for name, kind, host in environments:
+        text += f'[[environment]]\nname = "{name}"\nkind = "{kind}"\n'
+        text += f'host = "{host}"\nbuild = "copy"\n\n' if host else "\n"
+    return text + '[[workload]]\nname = "pi"\nkind = "pi"\ndigits = 20000\n'
+
+
+def test_per_host_baselines_and_each_host_s_facts_reach_results_json_and_the_report(lab, tmp_path):
+    out = tmp_path / "out"
+    outcome = run_study(parse_plan(per_host_plan(lab), "per-host.toml"), out)
+    assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
+    text = (out / "results.json").read_text()
+    results = json.loads(text)
+    assert results["version"] == 2 and results["study"]["baseline"] == "per-host"
+    places = {env["name"]: (env["host"], env["baseline"]) for env in results["environments"]}
+    assert places == {
+        "here": ("local", "here"), "one": ("fleet-1", "one"), "one-ssh": ("fleet-1", "one"),
+        "two": ("fleet-2", "two"), "two-ssh": ("fleet-2", "two"),
+    }  # fmt: skip
+    cells = {
+        c["environment"]: c for c in results["cells"] if c["workload"] == "pi" and c["metric"] == "elapsed_s"
+    }
+    for env, base in (("one-ssh", "one"), ("two-ssh", "two")):
+        # each overhead is against its own host's native, and says so
+        expected = (cells[env]["value"] - cells[base]["value"]) / cells[base]["value"] * 100
+        assert cells[env]["baseline"] == base and cells[env]["overhead_pct"] == pytest.approx(expected)
+        assert cells[env]["value"] > 0 and len(cells[env]["trials"]) == 2
+    for env in ("here", "one", "two"):
+        assert cells[env]["baseline"] is None and cells[env]["overhead_pct"] is None
+    hosts = {host["name"]: host for host in results["hosts"]}
+    assert list(hosts) == ["local", "fleet-1", "fleet-2"]
+    assert hosts["local"]["address"] is None
+    cpu_model = next(
+        line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
+    )
+    for name in ("fleet-1", "fleet-2"):
+        entry = hosts[name]
+        assert entry["address"] == lab.host(name).address and entry["groups"] == ["fleet"]
+        assert entry["identity"] == str(lab.identity_file) and entry["problems"] == []
+        facts = entry["facts"]
+        assert facts["hostname"] == name  # read on that host: its own UTS namespace
+        assert facts["host_key"] == f"verified against {lab.known_hosts}"
+    for entry in hosts.values():
+        facts = entry["facts"]  # the fleet shares this machine: the same facts, read by one script
+        assert facts["cpu_model"] == cpu_model and facts["cores"] == os.cpu_count()
+        assert facts["kernel"] == platform.release() and facts["numa_nodes"] >= 1
+        assert facts["tools"]["cc"] and facts["memory_bytes"] > 0
+    assert results["host_differences"] == []  # nothing that changes a measurement differs
+    assert lab.identity_file.read_text().strip() not in text  # the key's path is recorded, never the key
+
+    report = (out / "report.md").read_text()
+    assert "## Overhead vs each host's native (%)" in report
+    overhead = report.split("## Overhead vs each host's native (%)")[1].split("\n## ")[0]
+    header = next(line for line in overhead.splitlines() if line.startswith("| workload"))
+    assert [c.strip() for c in header.split("|")[2:-1]] == [
+        "fleet-1: one-ssh vs one",
+        "fleet-2: two-ssh vs two",
+    ]
+    figures = next(line for line in overhead.splitlines() if line.startswith("| pi · elapsed_s"))
+    assert f"{cells['one-ssh']['overhead_pct']:+.1f}" in figures
+    assert "## Hosts" in report and "## Differences between hosts" in report
+    assert "No difference between the hosts in CPU model" in report
+    html = (out / "report.html").read_text()
+    assert '<th scope="colgroup" colspan="2">fleet-1</th>' in html and 'id="hosts"' in html

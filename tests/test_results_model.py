@@ -43,7 +43,7 @@ def test_a_version_1_file_loads(document, tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(document), encoding="utf-8")
     results = load_results(tmp_path)
     assert load_results(tmp_path / "results.json") == results
-    assert results.version == 1 == FORMAT_VERSION
+    assert results.version == 2 == FORMAT_VERSION  # upgraded on the way in
     assert (results.study.name, results.study.baseline, results.study.threshold_pct) == (
         "quick",
         "native",
@@ -69,6 +69,7 @@ def test_a_version_1_file_loads(document, tmp_path):
 
 
 def test_writing_the_model_writes_the_document_byte_for_byte(document, tmp_path):
+    document = upgrade_results(document)  # as virtlab writes it: the current format
     expected = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     write_results_json(Results.from_dict(copy.deepcopy(document)), tmp_path / "results.json")
     assert (tmp_path / "results.json").read_text(encoding="utf-8") == expected
@@ -213,3 +214,105 @@ def test_stored_kept_and_outliers_are_kept_when_only_the_figure_is_missing():
 def test_a_cell_without_trials_has_no_figure():
     read = one_cell(trials=[])
     assert read.value is None and read.ci95 is None and read.kept == () and read.outliers == ()
+
+
+# --------------------------------------------------------------------------- hosts (format 2)
+
+
+def test_format_1_is_upgraded_to_one_host_and_the_one_baseline(document):
+    before = copy.deepcopy(document)
+    document["environments"].append({"name": "far", "kind": "ssh", "options": {"host": "10.0.0.9"}})
+    document["environments"].append(
+        {"name": "lv", "kind": "libvirt", "options": {"uri": "qemu+ssh://h/system"}}
+    )
+    document["environments"].append(
+        {"name": "lv-here", "kind": "libvirt", "options": {"uri": "qemu:///system"}}
+    )
+    upgraded = upgrade_results(document)
+    assert document["version"] == 1 and document["environments"][0] == before["environments"][0]  # untouched
+    assert upgraded["version"] == 2 == FORMAT_VERSION
+    assert [(e["name"], e["host"], e["baseline"]) for e in upgraded["environments"]] == [
+        ("native", "local", "native"), ("container", "local", "native"), ("vm", "local", "native"),
+        ("far", None, "native"),  # reached over SSH: on a machine whose name format 1 did not record
+        ("lv", None, "native"), ("lv-here", "local", "native"),
+    ]  # fmt: skip
+    judged = {(c["environment"], c["kind"], c["baseline"]) for c in upgraded["cells"]}
+    assert ("native", "himeno", None) in judged and ("container", "himeno", "native") in judged
+    assert all(c["baseline"] is None for c in upgraded["cells"] if c["kind"] == "environment")
+    (here,) = upgraded["hosts"]
+    assert here["name"] == "local" and here["address"] is None and here["groups"] == []
+    assert here["facts"] == before["metadata"]["host"] and upgraded["host_differences"] == []
+    bare = upgrade_results({"version": 1, "environments": [{"name": "n", "kind": "native"}]})
+    assert bare["hosts"][0]["facts"] is None and bare["cells"] == []
+    assert upgrade_results({"version": 1})["hosts"] == []  # no environment: no host
+
+
+LAB = {
+    "version": 2,
+    "study": {"name": "lab", "baseline": "per-host", "reduction": "mean"},
+    "environments": [
+        {"name": "kvm1-vm", "host": "kvm1", "baseline": "kvm1"},
+        {"name": "here", "baseline": "here"},  # no host written: this machine
+        {"name": "far", "host": None},  # an ssh environment reached by its own address: no host of the plan
+        {"name": "kvm1", "host": "kvm1", "baseline": "kvm1"},
+    ],
+    "cells": [
+        {"environment": env, "workload": "w", "metric": "m", "better": "lower", "trials": [value] * 3}
+        for env, value in (("kvm1-vm", 15.0), ("here", 4.0), ("far", 9.0), ("kvm1", 10.0))
+    ],
+    "hosts": [
+        {"name": "local", "address": None, "facts": {"cores": 2}},
+        {
+            "name": "kvm1",
+            "address": "10.0.0.1",
+            "port": 2222,
+            "groups": ["kvm"],
+            "facts": None,
+            "problems": ["host does not answer"],
+        },
+    ],  # fmt: skip
+    "host_differences": [{"key": "cores", "values": {"local": 2, "kvm1": 32}, "note": "why"}],
+}
+
+
+def test_each_cell_is_judged_against_its_environment_s_own_baseline():
+    results = Results.from_dict(copy.deepcopy(LAB))
+    cells = {c.environment: c for c in results.cells}
+    assert (cells["kvm1-vm"].baseline, cells["kvm1-vm"].overhead_pct) == ("kvm1", pytest.approx(50.0))
+    assert cells["kvm1-vm"].verdict == stats.MARK_BAD
+    for env in ("here", "kvm1", "far"):  # the baselines, and one whose baseline the study cannot know
+        assert (cells[env].baseline, cells[env].overhead_pct, cells[env].verdict) == (None, None, None)
+    # a cell's own baseline wins over its environment's
+    named = copy.deepcopy(LAB)
+    named["cells"][0]["baseline"] = "here"
+    assert Results.from_dict(named).cells[0].overhead_pct == pytest.approx(275.0)
+
+
+def test_environments_are_grouped_by_host_each_host_s_baseline_first():
+    results = Results.from_dict(copy.deepcopy(LAB))
+    assert results.multi_host and results.environment_names == ["kvm1", "kvm1-vm", "here", "far"]
+    assert results.by_host(["far", "kvm1-vm", "here", "kvm1"]) == [
+        ("kvm1", ["kvm1", "kvm1-vm"]), ("local", ["here"]), (None, ["far"]),
+    ]  # fmt: skip
+    assert results.baselines == ["kvm1", "here"]
+    assert [results.host_of(n) for n in ("here", "far", "kvm1", "unknown")] == [
+        "local",
+        None,
+        "kvm1",
+        "local",
+    ]
+    assert [results.baseline_of(n) for n in ("kvm1-vm", "far", "unknown")] == ["kvm1", None, None]
+    kvm1 = results.host("kvm1")
+    assert kvm1 is not None and (kvm1.port, kvm1.groups, kvm1.facts) == (2222, ("kvm",), None)
+    assert kvm1.problems == ("host does not answer",) and results.host("nowhere") is None
+    assert results.host_differences[0].values == {"local": 2, "kvm1": 32}
+
+
+def test_one_host_keeps_the_plan_s_order_with_the_baseline_first():
+    one = copy.deepcopy(LAB)
+    for env in one["environments"]:
+        env["host"], env["baseline"] = "local", "kvm1"
+    results = Results.from_dict(one)
+    assert not results.multi_host and results.environment_names == ["kvm1", "kvm1-vm", "here", "far"]
+    single = Results.from_dict({**copy.deepcopy(LAB), "study": {"baseline": "here"}, "environments": []})
+    assert single.baseline_of("anything") == "here" and single.environment_names[0] == "here"

@@ -71,7 +71,7 @@ def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
     for name in ("results.json", "results.csv", "report.md", "report.html"):
         assert (out / name).stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
-    assert results["version"] == 1
+    assert results["version"] == 2
     assert results["study"]["status"] == "finished"
     real = [c for c in results["cells"] if c["workload"] == "primes-small" and c["metric"] == "real_s"]
     assert [c["environment"] for c in real] == ["native", "other"]

@@ -1,16 +1,20 @@
 """From stored trials to the cells of results.json: pure, no I/O.
 
 A cell is one environment x workload x metric: its raw trials in measured order, the
-reduced figure with its spread, and, for every environment but the baseline, the
-overhead against the baseline's cell of the same workload and metric and the verdict.
+reduced figure with its spread, and, for every environment but a baseline, the overhead
+against its baseline's cell of the same workload and metric (the baseline named in the
+cell), and the verdict. Besides the cells: where the environments' manifests differ from
+their baselines', and where the hosts' facts differ from each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from virtlab import stats
+from virtlab.baselines import PER_HOST
 from virtlab.results import ENVIRONMENT_KIND, FORMAT_VERSION
 from virtlab.store import FailureRecord, TrialRecord
 
@@ -19,10 +23,13 @@ def build_cells(
     trials: Iterable[TrialRecord],
     workloads: Sequence[dict[str, Any]],
     environment_order: Sequence[str],
-    baseline: str,
+    baseline: str | Callable[[str], str | None],
     reduction: str,
     threshold_pct: float,
 ) -> list[dict[str, Any]]:
+    """``baseline``: the one environment every overhead is against, or what gives each
+    environment's own from its name (None: it has none)."""
+    baseline_of = baseline if callable(baseline) else lambda _env: baseline
     workload_by_name = {workload["name"]: workload for workload in workloads}
     grouped: dict[tuple[str, str, str], list[tuple[int, Any]]] = {}
     metric_rank: dict[tuple[str, str], int] = {}  # metrics in the order the workload reports them
@@ -50,6 +57,7 @@ def build_cells(
             **summary,
             "overhead_pct": None,
             "verdict": None,
+            "baseline": None,
         }
         series = [sample.metadata["series"] for _, sample in entries if "series" in sample.metadata]
         if series:
@@ -60,10 +68,14 @@ def build_cells(
         summaries[(environment, workload, metric)] = cell
 
     for (environment, workload, metric), cell in summaries.items():
-        base = summaries.get((baseline, workload, metric))
+        against = baseline_of(environment)
         # An environment's own set-up (kind "environment") is described, not judged: the host
         # needs no set-up at all, so every overhead against it would be meaningless.
-        if environment == baseline or base is None or cell["kind"] == ENVIRONMENT_KIND:
+        if against is None or environment == against or cell["kind"] == ENVIRONMENT_KIND:
+            continue
+        cell["baseline"] = against
+        base = summaries.get((against, workload, metric))
+        if base is None:
             continue
         overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
         cell["overhead_pct"] = overhead
@@ -103,31 +115,97 @@ def common_metadata(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
 COMPARED_MANIFEST_KEYS = ("cpu_model", "cpu_flags", "kernel", "clocksource")
 
 
-def manifest_differences(environments: Sequence[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
-    """Differences between each environment's manifest and the baseline's, key by key."""
+def manifest_differences(
+    environments: Sequence[dict[str, Any]], baseline: str | Mapping[str, str | None]
+) -> list[dict[str, Any]]:
+    """Differences between each environment's manifest and its baseline's, key by key. ``baseline``:
+    the one baseline, or each environment's own by its name."""
     manifests = {env["name"]: env.get("manifest") or {} for env in environments}
-    base = manifests.get(baseline) or {}
     differences = []
     for name, manifest in manifests.items():
-        if name == baseline or not manifest:
+        against = baseline.get(name) if isinstance(baseline, Mapping) else baseline
+        if against is None or name == against or not manifest:
             continue
-        for key in COMPARED_MANIFEST_KEYS:
-            ours, theirs = manifest.get(key), base.get(key)
-            if ours is None or theirs is None:
-                continue
-            if key == "cpu_flags":
-                missing = sorted(set(theirs) - set(ours))
-                if missing:
-                    differences.append(
-                        {"environment": name, "key": key, "baseline": theirs, "value": ours,
-                         "note": f"lacks {', '.join(missing)} that {baseline} has"}
-                    )  # fmt: skip
-            elif ours != theirs:
-                differences.append(
-                    {"environment": name, "key": key, "baseline": theirs, "value": ours,
-                     "note": f"{key} differs from {baseline}"}
-                )  # fmt: skip
+        base = manifests.get(against) or {}
+        differences += _manifest_differences(name, manifest, against, base)
     return differences
+
+
+def _manifest_differences(
+    name: str, manifest: Mapping[str, Any], baseline: str, base: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    differences = []
+    for key in COMPARED_MANIFEST_KEYS:
+        ours, theirs = manifest.get(key), base.get(key)
+        if ours is None or theirs is None:
+            continue
+        where = {"environment": name, "key": key, "baseline": theirs, "value": ours, "against": baseline}
+        if key == "cpu_flags":
+            missing = sorted(set(theirs) - set(ours))
+            if missing:
+                differences.append({**where, "note": f"lacks {', '.join(missing)} that {baseline} has"})
+        elif ours != theirs:
+            differences.append({**where, "note": f"{key} differs from {baseline}"})
+    return differences
+
+
+# Host facts compared between the hosts of a study, each with why a difference changes what a
+# workload measures there (a host's name, privileges, tool paths and clock offset do not).
+COMPARED_HOST_FACTS = {
+    "cpu_model": "another CPU model: per-core speed, caches and instruction timings differ",
+    "cpu_flags": "instructions some workloads use are missing there",
+    "arch": "another architecture: the workloads' programs are other programs",
+    "cores": "another number of CPUs: what parallel workloads and guests' vCPUs can use",
+    "memory_bytes": "another amount of memory: room for the page cache, guests and large arrays",
+    "numa_nodes": "another number of NUMA nodes: where memory lives and what remote accesses cost",
+    "kernel": "another kernel: its scheduler, drivers and virtualization code",
+    "governor": "another CPU frequency policy: the clock speed under load",
+    "clocksource": "another clock source: what reading the time costs",
+    "kvm": "/dev/kvm on some hosts only: VMs there can be accelerated, elsewhere they are emulated (TCG)",
+    "virtualization": "hosts that are themselves virtual machines (or of another hypervisor): steal "
+    "time and emulated devices",
+}
+MEMORY_TOLERANCE = 0.02
+"""Memory sizes this close (relative) are the same memory: firmware and kernel reservations make
+MemTotal differ a little between identical machines."""
+
+
+def host_differences(hosts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The facts on which the hosts differ in a way that changes what a workload measures: one
+    record per fact, with each host's value where it is known (a host not reached, or a fact not
+    read there, is left out of that fact); in the order of :data:`COMPARED_HOST_FACTS`."""
+    facts = {host["name"]: host.get("facts") or {} for host in hosts}
+    differences = []
+    for key, why in COMPARED_HOST_FACTS.items():
+        values = {name: found[key] for name, found in facts.items() if found.get(key) is not None}
+        note = _host_difference_note(key, values, why) if len(values) > 1 else None
+        if note is not None:
+            differences.append({"key": key, "values": values, "note": note})
+    return differences
+
+
+def _host_difference_note(key: str, values: Mapping[str, Any], why: str) -> str | None:
+    """Why the hosts' ``values`` of ``key`` matter, or None where they do not differ."""
+    if key == "cpu_flags":
+        every = set().union(*(set(flags) for flags in values.values()))
+        lacking = {name: sorted(every - set(flags)) for name, flags in values.items() if every - set(flags)}
+        if not lacking:
+            return None
+        return "; ".join(f"{name} lacks {', '.join(flags)}" for name, flags in lacking.items()) + f": {why}"
+    numbers = [v for v in values.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    if key == "memory_bytes" and len(numbers) == len(values):
+        return why if max(numbers) > min(numbers) * (1 + MEMORY_TOLERANCE) else None
+    return why if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1 else None
+
+
+def baselines_of(
+    environments: Sequence[Mapping[str, Any]], study_baseline: str | None
+) -> Callable[[str], str | None]:
+    """What gives an environment's baseline from its name: its record's ``baseline``, else the
+    study's one baseline (none in a per-host study)."""
+    default = None if study_baseline == PER_HOST else study_baseline
+    recorded = {env["name"]: env["baseline"] for env in environments if env.get("baseline") is not None}
+    return lambda name: recorded.get(name, default)
 
 
 def build_results(
@@ -137,11 +215,14 @@ def build_results(
     workloads: Sequence[dict[str, Any]],
     trials: Iterable[TrialRecord],
     failures: Iterable[FailureRecord],
+    hosts: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
+    """The results document. ``environments``: their records, each naming its ``host`` and its
+    ``baseline`` (a record without one is against the study's one baseline); ``hosts``: the
+    hosts they ran on, each with its ``facts``."""
     order = [environment["name"] for environment in environments]
-    cells = build_cells(
-        trials, workloads, order, study["baseline"], study["reduction"], study["threshold_pct"]
-    )
+    baseline_of = baselines_of(environments, study.get("baseline"))
+    cells = build_cells(trials, workloads, order, baseline_of, study["reduction"], study["threshold_pct"])
     return {
         "version": FORMAT_VERSION,
         "study": dict(study),
@@ -149,7 +230,9 @@ def build_results(
         "environments": list(environments),
         "workloads": list(workloads),
         "cells": cells,
-        "manifest_differences": manifest_differences(environments, study["baseline"]),
+        "manifest_differences": manifest_differences(
+            environments, {name: baseline_of(name) for name in order}
+        ),
         "failures": [
             {
                 "environment": f.environment,
@@ -161,4 +244,6 @@ def build_results(
             }
             for f in failures
         ],  # fmt: skip
+        "hosts": list(hosts),
+        "host_differences": host_differences(hosts),
     }

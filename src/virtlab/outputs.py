@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from virtlab.analysis import build_results
+from virtlab.baselines import PER_HOST
 from virtlab.errors import InputError
 
 # Imported here, not inside write_outputs: an import that Ctrl-C interrupts halfway leaves
@@ -15,8 +16,14 @@ from virtlab.errors import InputError
 # its reports. The study engine imports this module before the first trial.
 from virtlab.export import write_reports, write_results_csv, write_results_json
 from virtlab.results import Results
+from virtlab.results.format import host_before_2
 from virtlab.store import ResultStore
 from virtlab.usage import USAGE_KEY
+
+HOSTS_KEY = "hosts"
+"""The hosts the study's environments use, each with its facts (``Study.record_hosts``)."""
+PLACES_KEY = "environment_places"
+"""Each environment's host and baseline: ``{name: {"host": ..., "baseline": ...}}``."""
 
 
 def results_from_store(store: ResultStore) -> dict[str, Any]:
@@ -26,13 +33,23 @@ def results_from_store(store: ResultStore) -> dict[str, Any]:
     environments = store.environments()
     order = store.get("environment_order", [])
     environments.sort(key=lambda env: order.index(env["name"]) if env["name"] in order else len(order))
+    places = store.get(PLACES_KEY, {})
+    one = study.get("baseline") if study.get("baseline") != PER_HOST else None
+    placed = []
+    for environment in environments:
+        # An environment the plan does not name (a scenario's guests), or a store written before
+        # hosts were recorded: where it ran as format 1 tells it, against the study's one baseline.
+        place = places.get(environment["name"]) or {"host": host_before_2(environment), "baseline": one}
+        name, kind = environment.pop("name"), environment.pop("kind")
+        placed.append({"name": name, "kind": kind, **place, **environment})
     results = build_results(
         study=study,
         metadata=store.get("metadata", {}),
-        environments=environments,
+        environments=placed,
         workloads=store.get("workloads", []),
         trials=store.trials(),
         failures=store.failures(),
+        hosts=store.get(HOSTS_KEY, []),
     )
     usage = store.get(USAGE_KEY)
     if usage:  # [study] cpu_sample_interval_s: the environments' CPU over time

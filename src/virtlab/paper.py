@@ -462,7 +462,7 @@ DMI): a finding that needs one holds only where the run reached such a guest ove
 
 def run_figures(results: Results) -> dict[str, Figure]:
     """The figures a grid offers to rules: ``value`` (the cell's reduced figure) and ``overhead``
-    (against the study's baseline, %; 0 for the baseline itself). A missing one says why: the
+    (against the environment's baseline, %; 0 for a baseline itself). A missing one says why: the
     cell's failure, its reason for not being measured, or that the run has no such cell."""
     cells = results.cells_by_key
 
@@ -484,7 +484,7 @@ def run_figures(results: Results) -> dict[str, Figure]:
         cell = cells.get((environment, workload, metric))
         if cell is None or cell.value is None:
             raise missing(environment, workload, metric)
-        if environment == results.study.baseline:
+        if environment == results.baseline_of(environment):
             return 0.0
         if cell.overhead_pct is None:
             raise NotMeasured(f"{workload} @ {environment}: no overhead (the baseline has no {metric})")

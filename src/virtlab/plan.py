@@ -25,12 +25,13 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from virtlab import stats
+from virtlab.baselines import PER_HOST, NoBaselineOnHost, Placed, resolve_baselines
 from virtlab.control import ControlSpec
 from virtlab.control.environment import plan_problems
 from virtlab.cpufreq import PowerPlanSpec
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
-from virtlab.hosts import LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
+from virtlab.hosts import LOCAL, LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
 from virtlab.hosts.guests import (
     GuestRange,
     RangeFull,
@@ -68,7 +69,11 @@ class StudySpec(BaseModel):
     warmups: int = Field(default=1, ge=0, le=1000, description="uncounted runs per cell first")
     reduction: str = Field(default="trimmed-mean", description="how trials become one figure")
     threshold_pct: float = Field(default=10.0, gt=0, le=1000, description="the ○/× verdict")
-    baseline: str | None = Field(default=None, description="environment name; default the first")
+    baseline: str | None = Field(
+        default=None,
+        description=f'the environment every overhead is against (default: the first), or "{PER_HOST}": '
+        "each environment against the native environment of its own host",
+    )
     order: Literal["interleave", "shuffle"] = Field(
         default="interleave", description="how trials of different cells alternate"
     )
@@ -177,6 +182,14 @@ class EnvironmentSpec:
     def create(self, workdir: Path) -> Environment:
         return self.cls(self.name, self.options, workdir)
 
+    @property
+    def on_host(self) -> str | None:
+        """The name of the host it runs on: ``local`` for this machine, None for one that reaches
+        another machine by itself (an ``ssh`` address, a remote libvirt URI: no host of the plan)."""
+        if self.host is not None:
+            return self.host
+        return None if self.cls.runs_elsewhere(self.options) else LOCAL_NAME
+
     def describe(self) -> dict[str, Any]:
         described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
         if self.control is not None:
@@ -218,7 +231,26 @@ class Plan:
 
     @property
     def baseline(self) -> str:
+        """What ``[study] baseline`` says: the one baseline environment's name (default: the first
+        environment), or ``per-host``; :meth:`baseline_of` names an environment's own."""
         return self.study.baseline or self.environments[0].name
+
+    @property
+    def baselines(self) -> dict[str, str]:
+        """Each environment's name -> the environment its overheads are against (a baseline: itself)."""
+        placed = [Placed(env.name, env.kind, env.on_host) for env in self.environments]
+        return resolve_baselines(placed, self.study.baseline)
+
+    def baseline_of(self, environment: str) -> str:
+        """The environment ``environment``'s overheads are against (and a network workload's
+        default peer in it): the study's one baseline, or the native of its host."""
+        return self.baselines[environment]
+
+    def hosts_used(self) -> tuple[Host, ...]:
+        """The hosts the environments run on, each once, in the order the environments first name
+        them (``LOCAL`` for this machine); one that reaches its machine by itself adds none."""
+        names = dict.fromkeys(env.on_host for env in self.environments if env.on_host is not None)
+        return tuple(LOCAL if name == LOCAL_NAME else self.host(name) for name in names)
 
     def host(self, name: str) -> Host:
         """The declared host called ``name`` (KeyError if none is)."""
@@ -292,15 +324,45 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
                     "give every one a distinct name",
                 )
     env_names = [spec.name for spec in environments]
-    if study.baseline is not None and study.baseline not in env_names:
+    if study.baseline is not None and study.baseline not in [*env_names, PER_HOST]:
         raise InputError(
             source,
             f"study.baseline: no environment named {study.baseline!r}",
-            f"use one of: {', '.join(env_names)}",
+            f'use one of: {", ".join(env_names)}, or "{PER_HOST}" (each host\'s native)',
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
     paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
-    return Plan(source, text, study, environments, workloads, scenario, hosts, paper)
+    plan = Plan(source, text, study, environments, workloads, scenario, hosts, paper)
+    _check_baselines(plan)
+    return plan
+
+
+def _check_baselines(plan: Plan) -> None:
+    """``baseline = "per-host"``: every host the environments use has a native to be its baseline."""
+    if plan.study.baseline != PER_HOST:
+        return
+    if PER_HOST in [env.name for env in plan.environments]:
+        raise InputError(
+            plan.source,
+            f'study.baseline = "{PER_HOST}": an environment is also named {PER_HOST!r}',
+            "rename that environment: the word means each host's own native here",
+        )
+    try:
+        _ = plan.baselines
+    except NoBaselineOnHost as missing:
+        if missing.host is None:
+            fix = (
+                "declare the machine an ssh environment reaches as a [[host]] (or in the inventory), "
+                'name it with host = "..." and add a kind = "native" environment on it; or name one '
+                f'baseline environment (baseline = "{plan.environments[0].name}")'
+            )
+        else:
+            where = "" if missing.host == LOCAL_NAME else f' and host = "{missing.host}"'
+            fix = (
+                f'add an [[environment]] with kind = "native"{where}, or name one baseline environment '
+                f'(baseline = "{plan.environments[0].name}")'
+            )
+        raise InputError(plan.source, f'study.baseline = "{PER_HOST}": {missing}', fix) from None
 
 
 def _paper(

@@ -240,6 +240,12 @@ class Environment(ABC):
         of its own: native); or None and the reason (an SSH host runs elsewhere)."""
         return None, f"a {cls.kind} environment runs no process of virtlab's on this host"
 
+    @classmethod
+    def runs_elsewhere(cls, options: EnvironmentOptions) -> bool:
+        """Whether it runs on another machine than this one that it reaches by itself (an SSH address,
+        a remote libvirt URI) rather than through a host of the plan (``host =``)."""
+        return False
+
     def abilities(self) -> tuple[Ability, ...]:
         """What this environment offers beyond the common interface: its options' abilities and
         those of its own (a host process, a console log, ...); see ``environments.abilities``."""

@@ -824,6 +824,11 @@ class LibvirtEnvironment(GuestVmEnvironment):
             return None, f"libvirt at {options.uri} runs QEMU on that host, not on this one"
         return "process", ""
 
+    @classmethod
+    def runs_elsewhere(cls, options: EnvironmentOptions) -> bool:
+        assert isinstance(options, LibvirtOptions)
+        return not is_local(options.uri)
+
     # -- Environment interface -----------------------------------------------------------
     def _create(self, kernels: KernelBuild) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

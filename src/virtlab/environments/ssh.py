@@ -272,6 +272,10 @@ class SshEnvironment(Environment):
         return None, "an SSH host's processes run on that host: virtlab has no process of it here"
 
     @classmethod
+    def runs_elsewhere(cls, options: EnvironmentOptions) -> bool:
+        return True
+
+    @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, SshOptions)
         problems = [

@@ -430,7 +430,8 @@ def disk_verdict_table(ctx: ReportContext) -> Table | None:
     return Table(
         key="io-disk-verdict",
         title=f"Disk against {ctx.baseline} (seed 000 Table 15)",
-        header=("benchmark", *ctx.others),
+        header=("benchmark", *map(ctx.judged_header, ctx.others)),
+        column_groups=ctx.column_groups(ctx.others),
         rows=tuple(rows),
         caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}'s figure, {stats.MARK_BAD} = {pct}% or "
         "more away in either direction.",

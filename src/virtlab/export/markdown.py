@@ -80,6 +80,9 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
     parts += not_measured(report.not_measured)
     parts += table_section(report.overhead)
     parts += table_section(report.verdict)
+    if report.hosts is not None and report.host_differences is not None:  # a study beyond this machine
+        parts += table_section(report.hosts)
+        parts += table_section(report.host_differences)
     for table in report.io_tables:  # disk, network, file transfer; their charts are in the HTML
         parts += table_section(table)
     for table in report.paper:  # the plan's [paper]: the seed's figures and findings

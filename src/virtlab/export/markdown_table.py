@@ -49,9 +49,17 @@ def _align(table: Table, column: int) -> str:
     return ":--"
 
 
+def grouped_header(table: Table) -> list[str]:
+    """The header's texts, each under a column group prefixed by the group's title (``fleet-1: vm``):
+    a pipe table has one header row."""
+    titles = [title for title, span in table.column_groups for _ in range(span)]
+    titles += [""] * (len(table.header) - len(titles))
+    return [f"{title}: {text}" if title else text for title, text in zip(titles, table.header, strict=True)]
+
+
 def render_table(table: Table) -> str:
     """A pipe table padded to its column widths, so the source reads as well as the rendering."""
-    header = [escape(h) for h in table.header]
+    header = [escape(h) for h in grouped_header(table)]
     body = [[_cell(c) for c in row] for row in table.rows]
     aligns = [_align(table, i) for i in range(len(header))]
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]

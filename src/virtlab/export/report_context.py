@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from virtlab import stats
+from virtlab.baselines import PER_HOST
 from virtlab.results import Cell as ResultCell
 from virtlab.results import Results, finite
 
@@ -73,6 +74,9 @@ class Table:
     """Footnotes; a cell's ``note`` indexes this tuple from 1."""
     group_column: int | None = None
     """A column whose equal consecutive texts form a group (HTML shows it as a heading row)."""
+    column_groups: tuple[tuple[str, int], ...] = ()
+    """Headings over runs of columns, left to right: (title, how many columns), "" for none; a
+    study across hosts groups its environments' columns by host. Empty: no grouping."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +207,10 @@ class Report:
     trials_legend: str
     paper: tuple[Table, ...] = ()
     """Against the paper: the published figures and the findings judged (:mod:`virtlab.export.paper`)."""
+    hosts: Table | None = None
+    """The hosts of a study that ran beyond this machine, with their facts; None for one that did not."""
+    host_differences: Table | None = None
+    """Where those hosts differ in what changes a measurement; None with :attr:`hosts`."""
 
 
 # --------------------------------------------------------------------------
@@ -272,6 +280,14 @@ def format_trial(trial: float, value: float | None, half_width: float | None) ->
     every digit; a report shows the ones the noise leaves meaningful)."""
     figure = value if value is not None and finite(value) else trial
     return _render(trial, _place(figure, half_width), _scientific(figure))
+
+
+def format_bytes(n: Any) -> str:
+    """A size in bytes as GiB with three significant digits (``2.00 GiB``); "" for none."""
+    if not finite(n) or n <= 0:
+        return ""
+    gib = float(n) / 2**30
+    return f"{format_number(gib, 3)} GiB"
 
 
 def format_threshold(pct: float) -> str:
@@ -396,6 +412,11 @@ def failure_cause(error: str, log: str | None) -> str:
     return f"{error}: {first_line(last)}" if last else error
 
 
+ADDRESSED = "no host of the plan"
+"""The column group of the environments that reach their machine by themselves (an ``ssh`` address, a
+remote libvirt URI)."""
+
+
 class ReportContext:
     """What every table builder needs: the indexes and the reasons for absence."""
 
@@ -403,10 +424,18 @@ class ReportContext:
         self.results = results
         self.study = results.study
         self.reduction = results.study.reduction
-        self.baseline = results.study.baseline
         self.threshold = results.study.threshold_pct
         self.envs = results.environment_names
-        self.others = [e for e in self.envs if e != self.baseline]
+        self.baselines = results.baselines
+        self.baseline_of = results.baseline_of
+        self.others = [e for e in self.envs if self.baseline_of(e) not in (None, e)]
+        against = list(dict.fromkeys(self.baseline_of(e) for e in self.others))
+        self.several_baselines = len(against) > 1
+        """Whether the judged environments are against more than one baseline (each host's own)."""
+        # What the titles and captions call the baseline: its name, as always with one.
+        single = against if len(against) == 1 else self.baselines if len(self.baselines) == 1 else []
+        per_host = "each host's native" if results.study.baseline == PER_HOST else results.study.baseline
+        self.baseline: str = single[0] if single else per_host
         self.rows = metric_rows(results)
         self.cells = results.cells_by_key
         self.env_info = {e.name: e for e in results.environments}
@@ -454,17 +483,34 @@ class ReportContext:
         ]
 
     def overhead(self, env: str, row: Row) -> float | Absence:
-        """The overhead, or why it cannot be given: the environment's or the baseline's figure is
+        """The overhead, or why it cannot be given: the environment's or its baseline's figure is
         missing, or the baseline's is 0."""
         cell = self.cell(env, row)
-        base = self.cell(self.baseline, row)
+        against = self.baseline_of(env) or self.baseline
+        base = self.cell(against, row)
         if cell is None or cell.value is None:
             return self.why_missing(env, row)
         if base is None or base.value is None:
-            return self.why_missing(self.baseline, row)
+            return self.why_missing(against, row)
         if cell.overhead_pct is None:
-            return Absence(f"{ENV}'s figure is 0: no overhead against it", row.workload, self.baseline)
+            return Absence(f"{ENV}'s figure is 0: no overhead against it", row.workload, against)
         return cell.overhead_pct
+
+    def judged_header(self, env: str) -> str:
+        """A judged environment's column heading: its name, and its baseline's where the columns'
+        baselines differ."""
+        return f"{env} vs {self.baseline_of(env)}" if self.several_baselines else env
+
+    def column_groups(self, envs: Sequence[str], leading: int = 1) -> tuple[tuple[str, int], ...]:
+        """The host headings over the columns of ``envs`` (after ``leading`` columns of labels), when
+        the study ran on more than one host; none otherwise."""
+        if not self.results.multi_host:
+            return ()
+        groups = [
+            (host if host is not None else ADDRESSED, len(names))
+            for host, names in self.results.by_host(envs)
+        ]
+        return (("", leading), *groups) if leading else tuple(groups)
 
 
 def verdict_cell(mark: str | None) -> Cell:

@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from virtlab import stats
+from virtlab.export.hosts import host_differences_table, hosts_table
 from virtlab.export.iotables import io_tables_of
 from virtlab.export.paper import paper_tables
 from virtlab.export.report_context import (
+    ADDRESSED,
     ARROW,
     BETTER_WORDS,
     ENV,
@@ -36,6 +38,7 @@ from virtlab.export.report_context import (
     env_as_placeholder,
     failure_cause,
     first_line,
+    format_bytes,
     format_number,
     format_pct,
     format_threshold,
@@ -84,6 +87,7 @@ def results_table(ctx: ReportContext) -> Table:
         key="results",
         title="Results",
         header=("workload \u00b7 metric", *ctx.envs),
+        column_groups=ctx.column_groups(ctx.envs),
         rows=tuple(rows),
         caption=f"{_reduction_text(ctx).capitalize()}{of} \u00b1 half-width of the 95% "
         "confidence interval of the mean.",
@@ -91,7 +95,18 @@ def results_table(ctx: ReportContext) -> Table:
 
 
 def _only_baseline_caption(ctx: ReportContext) -> str:
+    if len(ctx.baselines) > 1:
+        names = ", ".join(ctx.baselines)
+        return f"Only the baselines were measured ({names}): each has nothing on its host to compare it with."
     return f"Only {ctx.baseline} was measured: there is nothing to compare it with."
+
+
+def _judged_columns(ctx: ReportContext) -> dict[str, Any]:
+    """The header and the host headings of a table with a column per judged environment."""
+    return {
+        "header": ("workload \u00b7 metric", *map(ctx.judged_header, ctx.others)),
+        "column_groups": ctx.column_groups(ctx.others),
+    }
 
 
 def _judgement_rows(
@@ -116,7 +131,7 @@ def overhead_table(ctx: ReportContext) -> Table:
     return Table(
         key="overhead",
         title=f"Overhead vs {ctx.baseline} (%)",
-        header=("workload \u00b7 metric", *ctx.others),
+        **_judged_columns(ctx),
         rows=_judgement_rows(ctx, lambda _cell, overhead: Cell(format_pct(overhead), "num")),
         caption=f"How much worse than {ctx.baseline}: positive = a loss, negative = "
         f"better than {ctx.baseline}, for either direction of the metric."
@@ -130,7 +145,7 @@ def verdict_table(ctx: ReportContext) -> Table:
     return Table(
         key="verdict",
         title=f"Verdict (within \u00b1{pct}% of {ctx.baseline})",
-        header=("workload \u00b7 metric", *ctx.others),
+        **_judged_columns(ctx),
         rows=_judgement_rows(ctx, lambda cell, _overhead: verdict_cell(cell.verdict if cell else None)),
         caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}, {stats.MARK_BAD} = "
         f"{pct}% or more away in either direction (seed 000, Table 15)."
@@ -217,9 +232,10 @@ def environments_table(ctx: ReportContext) -> Table:
             shown = [(k, v) for k, v in info.manifest.items() if k != "control"][:8]
             facts = ", ".join(f"{k}: {short_text(v, 48)}" for k, v in shown)
             control = control_text(info.manifest.get("control"))
-        name = env + (" (baseline)" if env == ctx.baseline else "")
+        name = env + (" (baseline)" if env in ctx.baselines else "")
         row = [
             Cell(name, "label"),
+            *([Cell(info.host or ADDRESSED)] if ctx.results.multi_host else []),
             Cell(info.kind or ""),
             Cell(status + (f": {error}" if error else ""), "ok" if status == "ok" else "bad"),
             Cell(_options_text(info.options)),
@@ -228,7 +244,8 @@ def environments_table(ctx: ReportContext) -> Table:
         if controlled:  # [environment.control]: priority and placement of its host processes
             row.append(Cell(control))
         rows.append(tuple(row))
-    header = ("name", "kind", "status", "options", "manifest") + (("control",) if controlled else ())
+    header = ("name", *(("host",) if ctx.results.multi_host else ()), "kind", "status", "options", "manifest")
+    header += ("control",) if controlled else ()
     return Table(key="environments", title="Environments", header=header, rows=tuple(rows))
 
 
@@ -244,22 +261,22 @@ def differences_table(ctx: ReportContext) -> Table:
         )
         for d in ctx.results.manifest_differences
     ]
+    # Each row's own baseline is named in its note where the environments have several.
     return Table(
         key="differences",
         title="Environment differences",
-        header=("environment", "what", ctx.baseline, "this environment", "note"),
+        header=(
+            "environment",
+            "what",
+            "its baseline" if ctx.several_baselines else ctx.baseline,
+            "this environment",
+            "note",
+        ),
         rows=tuple(rows),
         caption="Differences from the baseline's manifest that change what a workload measures."
         if rows
         else "No difference from the baseline in CPU model, CPU flags, kernel or clock source.",
     )
-
-
-def _bytes_text(n: Any) -> str:
-    if not finite(n) or n <= 0:
-        return ""
-    gib = float(n) / 2**30
-    return f"{format_number(gib, 3)} GiB"
 
 
 _HOST_ITEMS = (
@@ -272,7 +289,7 @@ def metadata_table(ctx: ReportContext) -> Table:
     meta = ctx.results.metadata
     host = meta.host
     items: list[tuple[str, str]] = [
-        (words, _bytes_text(host.get(key)) if key == "memory_bytes" else str(host.get(key) or ""))
+        (words, format_bytes(host.get(key)) if key == "memory_bytes" else str(host.get(key) or ""))
         for key, words in _HOST_ITEMS
     ]
     shown = {key for key, _ in _HOST_ITEMS}
@@ -331,7 +348,11 @@ def _study_line(ctx: ReportContext) -> str:
         warm_text = f" + {s.warmups} warm-up" if s.warmups else ""
         parts.append(f"{s.trials} trials{warm_text} per cell")
     parts.append(f"reduction {ctx.reduction} ({_reduction_text(ctx)})")
-    parts.append(f"baseline {ctx.baseline}")
+    if ctx.several_baselines:
+        on = [f"{name} ({ctx.results.host_of(name) or ADDRESSED})" for name in ctx.baselines]
+        parts.append(f"baseline per host: {', '.join(on)}")
+    else:
+        parts.append(f"baseline {ctx.baseline}")
     parts.append(f"verdict threshold \u00b1{format_threshold(ctx.threshold)}%")
     if s.status:
         parts.append(f"status {s.status}")
@@ -346,6 +367,7 @@ def _facts(ctx: ReportContext) -> tuple[tuple[str, str], ...]:
         ("measured", f"{len(ctx.rows)} metrics"),
         ("failures", str(len(ctx.failures))),
         ("host", str(meta.host.get("cpu_model") or "unknown")),
+        *([("hosts", str(len(ctx.results.hosts)))] if ctx.results.multi_host else []),
         ("started", meta.started or ""),
     ]
     return tuple((k, v) for k, v in facts if v)
@@ -379,6 +401,8 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         legend=LEGEND,
         trials_legend=trials_legend,
         paper=paper_tables(ctx.results),
+        hosts=hosts_table(ctx),
+        host_differences=host_differences_table(ctx),
     )
 
 

@@ -165,6 +165,13 @@ def check_host(
     return HostCheck(host, True, facts, problems, warnings, time.monotonic() - started)
 
 
+def host_record(check: HostCheck) -> dict[str, Any]:
+    """A host as a study's results record it: its entry (the path of its key, never the key), the
+    facts its check read (None when it could not be reached) and why not."""
+    return {**check.host.to_dict(), "facts": check.facts if check.reached else None,
+            "problems": list(check.problems)}  # fmt: skip
+
+
 def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
     """The check script's sections (before the clock) -> the host's facts."""
     described = describe_remote(sections)
@@ -175,8 +182,19 @@ def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) 
         "privilege": {"root": "root", "sudo": "passwordless sudo"}.get(sections.get("privilege", ""), "none"),
         **{
             key: described[key]
-            for key in ("hostname", "cpu_model", "cores", "memory_bytes", "kernel", "arch")
-        },
+            for key in (
+                "hostname",
+                "cpu_model",
+                "cpu_flags",
+                "cores",
+                "memory_bytes",
+                "kernel",
+                "arch",
+                "os",
+                "clocksource",
+                "governor",
+            )
+        },  # fmt: skip
         "virtualization": described["virtualization"],
         "numa_nodes": int(numa) if numa.isdigit() and int(numa) > 0 else None,
         **_kvm(sections),

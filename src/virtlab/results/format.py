@@ -9,13 +9,62 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-FORMAT_VERSION = 1
+from virtlab.hosts.model import LOCAL, LOCAL_NAME
+
+FORMAT_VERSION = 2
 """The version of results.json this virtlab writes, and the newest it reads."""
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+ENVIRONMENT_KIND = "environment"
+"""The kind of an environment's own set-up figures: described, never judged against the baseline."""
 
-UPGRADES: Mapping[int, Upgrade] = {}
+
+def host_before_2(environment: Mapping[str, Any]) -> str | None:
+    """The host of an environment recorded before format 2, which did not name it: one that reached
+    another machine (its options give an SSH address, or a libvirt URI with a host) ran on a machine
+    whose name was not recorded (None); every other one ran on this machine."""
+    options = environment.get("options")
+    if not isinstance(options, Mapping):
+        return LOCAL_NAME
+    uri = options.get("uri")
+    remote_uri = isinstance(uri, str) and bool(urlsplit(uri).hostname)
+    return None if isinstance(options.get("host"), str) or remote_uri else LOCAL_NAME
+
+
+def _records(raw: Any) -> list[Any]:
+    return list(raw) if isinstance(raw, list) else []
+
+
+def _judged_against(cell: Mapping[str, Any], baseline: Any) -> Any:
+    """A format 1 cell's baseline: the study's, but for the baseline's own and set-up figures."""
+    return None if cell.get("environment") == baseline or cell.get("kind") == ENVIRONMENT_KIND else baseline
+
+
+def update_to_2(document: dict[str, Any]) -> dict[str, Any]:
+    """Format 2 names hosts: each environment's host and baseline, each judged cell's baseline, and
+    the hosts with their facts. A format 1 study had one baseline, and its metadata's ``host`` was
+    this machine's facts."""
+    study = document.get("study")
+    baseline = study.get("baseline") if isinstance(study, Mapping) else None
+    environments = [
+        {**env, "host": host_before_2(env), "baseline": baseline} if isinstance(env, Mapping) else env
+        for env in _records(document.get("environments"))
+    ]
+    cells = [
+        {**cell, "baseline": _judged_against(cell, baseline)} if isinstance(cell, Mapping) else cell
+        for cell in _records(document.get("cells"))
+    ]
+    metadata = document.get("metadata")
+    facts = metadata.get("host") if isinstance(metadata, Mapping) else None
+    here = any(isinstance(env, Mapping) and env["host"] == LOCAL_NAME for env in environments)
+    hosts = [{**LOCAL.to_dict(), "facts": facts or None, "problems": []}] if here else []
+    return {**document, "version": 2, "environments": environments, "cells": cells, "hosts": hosts,
+            "host_differences": []}  # fmt: skip
+
+
+UPGRADES: Mapping[int, Upgrade] = {1: update_to_2}
 """``UPGRADES[n]``: a document of format ``n`` as format ``n + 1``; one entry per past version."""
 
 

@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from virtlab import stats
-from virtlab.results.format import upgrade_results
+from virtlab.baselines import PER_HOST
+from virtlab.hosts.model import LOCAL_NAME
+from virtlab.results.format import ENVIRONMENT_KIND, upgrade_results
 from virtlab.results.sweep import FIO_KIND, SweepPoint, fio_sweep_point
 
 DEFAULT_REDUCTION = "trimmed-mean"
 DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_BASELINE = "native"
-ENVIRONMENT_KIND = "environment"
-"""The kind of an environment's own set-up figures: described, never judged against the baseline."""
 
 _TOP_LEVEL = (
     "version", "study", "metadata", "environments", "workloads", "cells", "manifest_differences", "failures",
+    "hosts", "host_differences",
 )  # fmt: skip
 
 
@@ -59,6 +60,12 @@ def _ci(value: Any) -> tuple[float, float] | None:
     return None
 
 
+def _names(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    return None
+
+
 def _series(raw: Any) -> tuple[tuple[float, ...], ...] | None:
     """The well-formed per-trial series: sequences of numbers, not empty once the rest is dropped."""
     out = []
@@ -83,6 +90,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "Mapping[str, Any] | None": _mapping,
     "tuple[float, float] | None": _ci,
     "tuple[tuple[float, ...], ...]": _series,
+    "tuple[str, ...]": _names,
     "Any": lambda value: value,
 }
 
@@ -116,6 +124,8 @@ class Study:
     reduction: str = DEFAULT_REDUCTION
     threshold_pct: float = DEFAULT_THRESHOLD_PCT
     baseline: str = DEFAULT_BASELINE
+    """The one baseline environment's name, or ``per-host`` (each environment's is its own
+    :attr:`Environment.baseline`)."""
     plan_file: str | None = None
     plan_sha256: str | None = None
     status: str | None = None
@@ -149,6 +159,11 @@ class Environment:
     status: str | None = None
     """``ok`` or ``failed`` (with ``error``)."""
     error: str | None = None
+    host: str | None = LOCAL_NAME
+    """The name of the host it ran on (``local``: this machine; an entry of :attr:`Results.hosts`);
+    None for one that reached its machine by itself (an ``ssh`` address, a remote libvirt URI)."""
+    baseline: str | None = None
+    """The environment its overheads are against (a baseline: its own name); None where not recorded."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +206,8 @@ class Cell:
     cov: float | None = None
     overhead_pct: float | None = None
     """How much worse than the baseline, positive = a loss; None for the baseline and set-up figures."""
+    baseline: str | None = None
+    """The environment :attr:`overhead_pct` is against; None for a baseline's own and set-up figures."""
     verdict: str | None = None
     """``○`` within the threshold of the baseline, ``×`` otherwise; None where the overhead is."""
     series: tuple[tuple[float, ...], ...] = ()
@@ -259,17 +276,20 @@ def _summary(trials: list[float], better: str, reduction: str) -> stats.Summary 
     return stats.summarize(trials, "lower" if better == "lower" else "higher", name)
 
 
-def judge(cell: Cell, base: Cell | None, study: Study) -> Cell:
-    """``cell`` with the overhead and verdict against ``base`` where the document lacks them, by the
-    rules analysis wrote them with (:func:`virtlab.analysis.build_cells`)."""
+def judge(cell: Cell, baseline: str | None, base: Cell | None, study: Study) -> Cell:
+    """``cell`` with the overhead and verdict against ``base`` (the cell of the environment
+    ``baseline``) where the document lacks them, by the rules analysis wrote them with
+    (:func:`virtlab.analysis.build_cells`)."""
+    against = None if cell.environment == baseline or not cell.judged else baseline
     overhead, verdict = cell.overhead_pct, cell.verdict
-    if overhead is None and cell.environment != study.baseline and cell.judged and base is not None:
+    if overhead is None and against is not None and base is not None:
         overhead = stats.overhead_pct(cell.value, base.value, cell.direction)
     if verdict not in (stats.MARK_OK, stats.MARK_BAD):
         verdict = stats.verdict(overhead, study.threshold_pct)
-    if (overhead, verdict) == (cell.overhead_pct, cell.verdict):
+    against = cell.baseline or against
+    if (overhead, verdict, against) == (cell.overhead_pct, cell.verdict, cell.baseline):
         return cell
-    return replace(cell, overhead_pct=overhead, verdict=verdict)
+    return replace(cell, overhead_pct=overhead, verdict=verdict, baseline=against)
 
 
 @dataclass(frozen=True)
@@ -288,12 +308,47 @@ class Failure:
 
 @dataclass(frozen=True)
 class ManifestDifference:
-    """Where an environment's manifest differs from the baseline's in what changes a measurement."""
+    """Where an environment's manifest differs from its baseline's in what changes a measurement."""
 
     environment: str = ""
     key: str = ""
     baseline: Any = None
+    """The baseline's value (:attr:`against` names the baseline)."""
     value: Any = None
+    note: str = ""
+    against: str | None = None
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host the study's environments ran on: its entry as the plan or the inventory gave it (the
+    path of its key, never the key) and the facts read from it when the study started."""
+
+    name: str
+    address: str | None = None
+    """None: this machine."""
+    user: str | None = None
+    port: int | None = None
+    identity: str | None = None
+    known_hosts: str | None = None
+    libvirt_uri: str | None = None
+    workdir: str | None = None
+    test_address: str | None = None
+    bridge: str | None = None
+    groups: tuple[str, ...] = ()
+    facts: Mapping[str, Any] | None = None
+    """What ``virtlab hosts check`` reads (CPU model, cores, memory, NUMA nodes, kernel, governor,
+    KVM, tools ...); None where the host could not be reached."""
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostDifference:
+    """A fact on which the hosts differ that changes what a workload measures."""
+
+    key: str = ""
+    values: Mapping[str, Any] = field(default_factory=dict)
+    """Host name -> its value, for every host whose value is known."""
     note: str = ""
 
 
@@ -315,6 +370,9 @@ class Results:
     """By workload in plan order, metric as the workload reports them, environment in plan order."""
     failures: tuple[Failure, ...]
     manifest_differences: tuple[ManifestDifference, ...]
+    hosts: tuple[Host, ...] = ()
+    """The hosts the environments ran on, in the order the environments first name them."""
+    host_differences: tuple[HostDifference, ...] = ()
     sections: Mapping[str, Any] = field(default_factory=dict)
     """Every other top-level key, as written: a scenario's ``scenario``, ``cpu_usage`` ..."""
     document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -330,14 +388,20 @@ class Results:
         for cell in cells:
             index.setdefault(cell.key, cell)
         records = {
-            name: tuple(_read(kind, raw) for raw in _records(document.get(name)))
-            for name, kind in _RECORDS.items()
+            name: tuple(read(raw) for raw in _records(document.get(name))) for name, read in _RECORDS.items()
         }
+        baselines = _baselines(records["environments"])
+        default = None if study.baseline == PER_HOST else study.baseline
+
+        def judged(cell: Cell) -> Cell:
+            baseline = cell.baseline or baselines.get(cell.environment, default)
+            return judge(cell, baseline, index.get((baseline, cell.workload, cell.metric)), study)
+
         return cls(
             version=document["version"],
             study=study,
             metadata=_read(Metadata, _mapping(document.get("metadata")) or {}),
-            cells=tuple(judge(c, index.get((study.baseline, c.workload, c.metric)), study) for c in cells),
+            cells=tuple(judged(c) for c in cells),
             sections={k: v for k, v in document.items() if k not in _TOP_LEVEL},
             document=document,
             **records,
@@ -364,12 +428,63 @@ class Results:
 
     @property
     def environment_names(self) -> list[str]:
-        """Environments in plan order with the baseline first, plus any only seen in cells."""
+        """Environments in plan order with the baseline first, plus any only seen in cells; across
+        several hosts, host by host (:meth:`by_host`), each host's baseline first."""
         names = list(dict.fromkeys([e.name for e in self.environments] + [c.environment for c in self.cells]))
-        if self.study.baseline in names:
-            names.remove(self.study.baseline)
-            names.insert(0, self.study.baseline)
-        return names
+        if not self.multi_host:
+            bases = self._baselines_among(names)
+            return bases + [name for name in names if name not in bases]
+        return [name for _, group in self.by_host(names) for name in group]
+
+    def _baselines_among(self, names: Sequence[str]) -> list[str]:
+        """The baselines of ``names`` that are among them, in the order of the first name of each."""
+        return [b for b in dict.fromkeys(map(self.baseline_of, names)) if b is not None and b in names]
+
+    @cached_property
+    def _environment_records(self) -> Mapping[str, Environment]:
+        return {env.name: env for env in reversed(self.environments)}  # the first of duplicates wins
+
+    def host_of(self, environment: str) -> str | None:
+        """The host an environment ran on (``local`` for one the results do not place)."""
+        record = self._environment_records.get(environment)
+        return record.host if record is not None else LOCAL_NAME
+
+    def baseline_of(self, environment: str) -> str | None:
+        """The environment ``environment``'s overheads are against (itself for a baseline); None
+        where the study names no baseline it could have."""
+        record = self._environment_records.get(environment)
+        if record is not None and record.baseline is not None:
+            return record.baseline
+        return None if self.study.baseline == PER_HOST else self.study.baseline
+
+    @property
+    def baselines(self) -> list[str]:
+        """The environments that are a baseline, in the order of :attr:`environment_names`."""
+        return self._baselines_among(self.environment_names)
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether the environments ran on more than one host (an ``ssh`` environment reached by its
+        own address is on none of them)."""
+        return len({self.host_of(e.name) for e in self.environments} - {None}) > 1
+
+    def by_host(self, names: Sequence[str]) -> list[tuple[str | None, list[str]]]:
+        """``names`` grouped by host: hosts in the order the names first meet them (the ``ssh``
+        environments reached by their own address last), each group's baselines first."""
+        groups: dict[str | None, list[str]] = {}
+        for name in names:
+            groups.setdefault(self.host_of(name), []).append(name)
+        if None in groups:
+            groups[None] = groups.pop(None)
+        baselines = set(self._baselines_among(names))
+        return [
+            (host, [n for n in group if n in baselines] + [n for n in group if n not in baselines])
+            for host, group in groups.items()
+        ]
+
+    def host(self, name: str | None) -> Host | None:
+        """The recorded host called ``name``, if any."""
+        return next((host for host in self.hosts if host.name == name), None)
 
     @cached_property
     def cells_by_key(self) -> Mapping[tuple[str, str, str], Cell]:
@@ -384,12 +499,29 @@ class Results:
         return [w for w in self.workloads if w.kind in kinds]
 
 
-_RECORDS: dict[str, type] = {
-    "environments": Environment,
-    "workloads": Workload,
-    "failures": Failure,
-    "manifest_differences": ManifestDifference,
+def _environment(raw: Mapping[str, Any]) -> Environment:
+    """An environment record; ``host`` absent is this machine, null an ``ssh`` environment reached
+    by its own address."""
+    return _read(Environment, raw, **({"host": None} if "host" in raw and raw["host"] is None else {}))
+
+
+_RECORDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "environments": _environment,
+    "workloads": lambda raw: _read(Workload, raw),
+    "failures": lambda raw: _read(Failure, raw),
+    "manifest_differences": lambda raw: _read(ManifestDifference, raw),
+    "hosts": lambda raw: _read(Host, raw),
+    "host_differences": lambda raw: _read(HostDifference, raw),
 }
+
+
+def _baselines(environments: Sequence[Environment]) -> dict[str, str]:
+    """Each recorded environment's baseline (the first record of a name wins)."""
+    found: dict[str, str] = {}
+    for env in environments:
+        if env.baseline is not None:
+            found.setdefault(env.name, env.baseline)
+    return found
 
 
 def load_results(path: Path) -> Results:

@@ -26,12 +26,20 @@ from typing import Any, ClassVar, NamedTuple
 from pydantic import BaseModel
 
 from virtlab import __version__
+from virtlab.baselines import PER_HOST
 from virtlab.build import KernelBuild
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.export import write_reports, write_results_json
-from virtlab.outputs import write_outputs
-from virtlab.paper import Figure, paper_section, run_fact_reasons, run_facts, run_figures, setup_values
+from virtlab.outputs import HOSTS_KEY, PLACES_KEY, write_outputs
+from virtlab.paper import (
+    Figure,
+    paper_section,
+    run_fact_reasons,
+    run_facts,
+    run_figures,
+    setup_values,
+)
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.results import Results
@@ -172,24 +180,49 @@ class Study(ABC):
         started = store.get("metadata", {}).get("started") or now()
         store.put("plan_sha256", self.plan.sha256)
         store.put("plan_text", self.plan.text)
+        here = collect_host_metadata()
         store.put(
             "metadata",
             {
                 "virtlab_version": __version__,
                 "started": started,
                 "ended": None,
-                "host": collect_host_metadata(),
+                "host": here,
                 "tools": collect_tool_versions(sorted({"cc", *self.tools()})),
                 "kernels": self.kernels.metadata(),
                 "power": power_facts(),
             },
         )
+        self.record_hosts(here)
         setup = {"name": SETUP_WORKLOAD, "kind": "environment", "params": {}}
         store.put("workloads", [*self.described_workloads(), setup])
         store.put("environment_order", self.environment_order())
         store.put("status", "running")
         self.put_summary("running")
         store.clear_failures()
+
+    def record_hosts(self, here: dict[str, Any]) -> None:
+        """Each host the environments use, once: its entry and its facts; and each environment's
+        host and baseline. Where a remote host is used, every host's facts are read as ``virtlab
+        hosts check`` reads them (this machine's too, by the same script, so that the hosts compare
+        like with like); a study on this machine alone has its facts already (``here``)."""
+        hosts = self.plan.hosts_used()
+        if all(host.is_local for host in hosts):
+            records = [{**host.to_dict(), "facts": here, "problems": []} for host in hosts]
+        else:
+            from virtlab.hosts.check import check_hosts, host_record
+
+            tools = sorted(self.tools())
+            records = [host_record(c) for c in check_hosts(hosts, {host.name: tools for host in hosts}, {})]
+        self.store.put(HOSTS_KEY, records)
+        # The study's one baseline as its summary names it (a scenario says its own), else each host's.
+        one = self.shape().baseline
+        per_host = self.plan.baselines if self.plan.study.baseline == PER_HOST else {}
+        places = {
+            env.name: {"host": env.on_host, "baseline": per_host.get(env.name, one)}
+            for env in self.plan.environments
+        }
+        self.store.put(PLACES_KEY, places)
 
     def put_summary(self, status: str) -> None:
         study, shape = self.plan.study, self.shape()

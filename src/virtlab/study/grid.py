@@ -113,7 +113,7 @@ class GridStudy(Study):
                 link.client
                 for env in self.plan.environments
                 if workload.runs_in(env.name)
-                for link in workload.links(env.name, self.plan.baseline)
+                for link in workload.links(env.name, self.plan.baseline_of(env.name))
             }
             if clients & native:
                 for text in workload.notices():
@@ -337,7 +337,7 @@ class GridStudy(Study):
         if isinstance(workload, PeerWorkload):
             names |= {
                 n
-                for link in workload.links(task.environment, self.plan.baseline)
+                for link in workload.links(task.environment, self.plan.baseline_of(task.environment))
                 for n in (link.client, link.server)
             }
         return frozenset(self.host_of[name] for name in names)
@@ -445,7 +445,7 @@ class GridStudy(Study):
 
     # -- network workloads -------------------------------------------------------------
     def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:
-        links = workload.links(cell, self.plan.baseline)
+        links = workload.links(cell, self.plan.baseline_of(cell))
         for name in sorted({name for link in links for name in (link.client, link.server)}):
             if name not in self.environments:
                 raise TrialFailure(f"peer environment {name!r} is not running (its provisioning failed)", "")
