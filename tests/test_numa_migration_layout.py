@@ -164,10 +164,12 @@ def test_section_rows_and_tables_from_fixed_runs():
 
 
 def test_simulated_study_end_to_end(tmp_path):
+    # the plan's small preset (the plan as written: the simulator on a one-node host takes seconds)
     out = tmp_path / "study"
-    result = runner.invoke(app, ["run", str(PLAN), "--out", str(out), "--quiet"])
+    result = runner.invoke(app, ["run", str(PLAN), "--preset", "small", "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
+    assert results["study"]["preset"] == "small"
     section = results["scenario"]
     expected = "simulator" if len(host_nodes()) < 2 else "live"
     assert section["backend"] == expected
@@ -187,7 +189,8 @@ def test_simulated_study_end_to_end(tmp_path):
     assert "Residents' loss" in markdown and "| 2       | dino" in markdown
     # every run is stored; resuming runs none again, and the report can be rebuilt from the database
     assert len(section["runs"]) == 18 and all(r["status"] == "ok" for r in section["runs"])
-    again = runner.invoke(app, ["run", str(PLAN), "--out", str(out), "--resume", "--quiet"])
+    resume = ["run", str(PLAN), "--preset", "small", "--out", str(out), "--resume", "--quiet"]
+    again = runner.invoke(app, resume)
     assert again.exit_code == 0, again.output
     assert json.loads((out / "results.json").read_text())["scenario"]["runs"] == section["runs"]
     markdown = (out / "report.md").read_text()

@@ -203,6 +203,8 @@ class Report:
     trials_legend: str
     paper: tuple[Table, ...] = ()
     """Against the paper: the published figures and the findings judged (:mod:`virtlab.export.paper`)."""
+    preset_line: str = ""
+    """Which of the plan's presets ran (``virtlab run --preset``); "" for the plan as written."""
 
 
 # --------------------------------------------------------------------------

@@ -171,6 +171,7 @@ class Study(ABC):
         started = store.get("metadata", {}).get("started") or now()
         store.put("plan_sha256", self.plan.sha256)
         store.put("plan_text", self.plan.text)
+        store.put("plan_preset", self.plan.preset)
         store.put(
             "metadata",
             {
@@ -200,6 +201,8 @@ class Study(ABC):
             "target_cov_pct": shape.target_cov_pct, "plan_file": self.plan.source,
             "plan_sha256": self.plan.sha256, "status": status,
         }  # fmt: skip
+        if self.plan.preset is not None:
+            summary |= {"preset": self.plan.preset, "preset_description": self.plan.preset_description}
         self.store.put("study", summary)
 
     def record_end(self) -> None:
