@@ -30,7 +30,7 @@ import pytest
 from virtlab.errors import InputError
 from virtlab.export.markdown import render_markdown
 from virtlab.plan import load_plan, parse_plan
-from virtlab.preset import PresetError, apply_preset, overlay, overlay_named
+from virtlab.preset import PresetError, apply_preset, description, overlay, overlay_named
 from virtlab.results import Results
 from virtlab.store import ResultStore
 from virtlab.study import default_out_dir, latest_out_dir
@@ -133,19 +133,37 @@ def test_arrays_of_named_tables_inside_a_scenario_table_merge_by_name_too():
 
 
 @pytest.mark.parametrize(
-    "over,where,problem",
+    "over,where,problem,fix",
     [
-        ([{"kind": "pi"}], "p[0].name", "is missing"),
-        ([{"name": "x", "remove": True}], "p (x)", "no table of this name"),
-        ([{"name": "a", "remove": True, "digits": 3}], "p (a).remove", "takes nothing else"),
-        ([{"name": "a", "remove": "yes"}], "p (a).remove", "takes nothing else"),
-        ([{"name": "a", "remove": True}, {"name": "a", "digits": 1}], "p (a)", "removed earlier"),
+        ([{"kind": "pi"}], "p[0].name", "is missing", "name the table the preset changes, adds or removes"),
+        ([{"name": "x", "remove": True}], "p (x)", "the plan has no table of this name to remove",
+         "use one of: a, b"),
+        ([{"name": "a", "remove": True, "digits": 3}], "p (a).remove",
+         "removes a table and takes nothing else", "write only name and remove = true"),
+        ([{"name": "a", "remove": "yes"}], "p (a).remove", "removes a table and takes nothing else",
+         "write only name and remove = true"),
+        ([{"name": "a", "remove": True}, {"name": "a", "digits": 1}], "p (a)",
+         "was removed earlier in the same preset", "name it once"),
     ],
-)
-def test_a_named_table_the_preset_cannot_place_is_refused(over, where, problem):
+)  # fmt: skip
+def test_a_named_table_the_preset_cannot_place_is_refused(over, where, problem, fix):
     with pytest.raises(PresetError) as caught:
-        overlay_named([{"name": "a", "kind": "pi"}], over, "p")
-    assert caught.value.where == where and problem in caught.value.problem
+        overlay_named([{"name": "a", "kind": "pi"}, {"name": "b", "kind": "pi"}], over, "p")
+    assert (caught.value.where, caught.value.problem, caught.value.fix) == (where, problem, fix)
+    assert str(caught.value) == f"{where}: {problem}"
+
+
+def test_a_value_of_another_shape_is_replaced_whole_and_a_name_added_twice_is_merged():
+    assert overlay({"a": 3, "b": [1, 2]}, {"a": {"x": 1}, "b": [{"name": "n"}]}, "p") == {
+        "a": {"x": 1},
+        "b": [{"name": "n"}],  # a list of numbers is not a list of named tables: replaced
+    }
+    assert overlay({"a": {"x": 1}}, {"a": 5}, "p") == {"a": 5}
+    twice = [{"name": "d", "kind": "pi", "digits": 1}, {"name": "d", "digits": 2}]
+    assert overlay_named([{"name": "a"}], twice, "p") == [
+        {"name": "a"},
+        {"name": "d", "kind": "pi", "digits": 2},
+    ]
 
 
 def test_a_preset_sets_only_the_overlaid_tables_and_never_the_scenario():
@@ -161,6 +179,54 @@ def test_a_preset_sets_only_the_overlaid_tables_and_never_the_scenario():
         assert caught.value.where == where
     changed = apply_preset({**document, "preset": {"x": {"priority": {"repeat": 3}}}}, "x")
     assert changed == {"study": {"name": "s", "scenario": "priority"}, "priority": {"repeat": 3}}
+
+
+def test_a_problem_deep_in_the_overlaid_tables_names_its_whole_path():
+    base = {"priority": {"configuration": [{"name": "c1", "guests": 1}]}}
+    over = {"priority": {"configuration": [{"name": "c9", "remove": True}, {"name": ""}]}}
+    with pytest.raises(PresetError) as caught:
+        overlay(base, over, "preset.x")
+    assert caught.value.where == "preset.x.priority.configuration (c9)"
+    with pytest.raises(PresetError) as caught:
+        overlay(base, {"priority": {"configuration": [{"name": ""}]}}, "preset.x")
+    assert caught.value.where == "preset.x.priority.configuration[0].name"
+    nested = {"priority": {"configuration": [{"name": "c1", "control": {"1": {"nice": 5}}}]}}
+    with pytest.raises(PresetError) as caught:
+        overlay(nested, {"priority": {"configuration": [{"name": "c1", "remove": True, "x": 1}]}}, "p")
+    assert (caught.value.where, caught.value.fix) == (
+        "p.priority.configuration (c1).remove",
+        "write only name and remove = true",
+    )
+
+
+@pytest.mark.parametrize(
+    "document,where,problem,fix",
+    [
+        ({"preset": 3}, "preset", "must be tables", "write each preset as [preset.NAME]"),
+        ({"preset": {"x": 3}}, "preset.x", "must be a table", "write it as [preset.x]"),
+        ({"preset": {"x": {"description": 3}}}, "preset.x.description", "must be a string",
+         'write description = "..."'),
+        ({"preset": {"x": {"host": []}}}, "preset.x.host", "a preset cannot set this",
+         "a preset sets only [study], [[environment]], [[workload]]"),
+        ({"study": {"scenario": "priority"}, "preset": {"x": {"paper": {}}}}, "preset.x.paper",
+         "a preset cannot set this", "a preset sets only [study], [[environment]], [[workload]], [priority]"),
+        ({"study": {"scenario": "priority"}, "preset": {"x": {"study": {"scenario": "scale_out"}}}},
+         "preset.x.study.scenario", "a preset cannot change the scenario", "write another plan for it"),
+    ],
+)  # fmt: skip
+def test_what_a_preset_cannot_be_or_set_is_named_with_its_fix(document, where, problem, fix):
+    with pytest.raises(PresetError) as caught:
+        apply_preset(document, "x")
+    assert (caught.value.where, caught.value.problem, caught.value.fix) == (where, problem, fix)
+
+
+def test_a_preset_without_a_description_describes_itself_as_nothing():
+    assert description({"preset": {"x": {"study": {"trials": 1}}}}, "x") == ""
+    assert description({"preset": {"x": {"description": 3}}}, "x") == ""
+    assert description({"preset": {}}, "absent") == ""
+    assert description({"preset": {"x": {"description": "d"}}}, "x") == "d"
+    assert description({"study": "not a table", "preset": {"x": {}}}, "x") == ""
+    assert apply_preset({"study": "not a table", "preset": {"x": {}}}, "x") == {"study": "not a table"}
 
 
 # -- a preset is validated as a plan is

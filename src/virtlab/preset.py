@@ -82,7 +82,7 @@ def apply_preset(document: Mapping[str, Any], name: str) -> dict[str, Any]:
     allowed = {*OVERLAID, DESCRIPTION_KEY, *([scenario] if scenario else [])}
     for key in preset:
         if key not in allowed:
-            tables = ", ".join(f"[{k}]" for k in (*OVERLAID, *([scenario] if scenario else [])))
+            tables = "[study], [[environment]], [[workload]]" + (f", [{scenario}]" if scenario else "")
             raise PresetError(f"{where}.{key}", "a preset cannot set this", f"a preset sets only {tables}")
     if not isinstance(preset.get(DESCRIPTION_KEY, ""), str):
         raise PresetError(f"{where}.{DESCRIPTION_KEY}", "must be a string", 'write description = "..."')
