@@ -177,6 +177,15 @@ def test_a_preset_sets_only_the_overlaid_tables_and_never_the_scenario():
         with pytest.raises(PresetError) as caught:
             apply_preset({**document, "preset": {"x": preset}}, "x")
         assert caught.value.where == where
+    with pytest.raises(PresetError) as caught:
+        apply_preset(
+            {
+                "environment": [{"name": "a"}],
+                "preset": {"x": {"environment": [{"name": "b", "remove": True}]}},
+            },
+            "x",
+        )
+    assert caught.value.where == "preset.x.environment (b)"
     changed = apply_preset({**document, "preset": {"x": {"priority": {"repeat": 3}}}}, "x")
     assert changed == {"study": {"name": "s", "scenario": "priority"}, "priority": {"repeat": 3}}
 
