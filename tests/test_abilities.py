@@ -11,6 +11,7 @@ from virtlab.environments.abilities import (
     CpuLimit,
     GuestBoot,
     MissingAbility,
+    SerialConsole,
     VcpuProcess,
     VirtualCpus,
     find,
@@ -25,7 +26,7 @@ from virtlab.errors import InputError
 
 def test_vm_options_declare_vcpus_boot_and_the_bridge_only_when_asked():
     user = VmOptions(vcpus=3, boot_timeout_s=42)
-    assert user.abilities() == (VirtualCpus(3, None), GuestBoot(42.0))
+    assert user.abilities() == (VirtualCpus(3, None), GuestBoot(42.0), SerialConsole())
     assert user.offers(BridgeNetwork) is None
     bridged = VmOptions(vcpus=2, pin=(1, 0), network="bridge")
     assert bridged.offers(VirtualCpus) == VirtualCpus(2, (1, 0))

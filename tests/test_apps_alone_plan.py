@@ -46,11 +46,11 @@ def test_the_apps_alone_plan_runs_every_workload_in_every_environment(tmp_path):
     else:
         assert all(f["phase"] == "unavailable" for f in results["failures"])  # a governor not offered
     cells = {(c["environment"], c["workload"], c["metric"]): c for c in results["cells"]}
-    for environment in ("native", "container-1cpu", "container-2cpu"):
+    for environment in ("native", "guest-1cpu", "guest-2cpu"):
         for workload, metric in MAIN.items():
             cell = cells[(environment, workload, metric)]
             assert cell["n"] == 1 and cell["value"] is not None and cell["value"] >= 0, cell
             if environment != "native" and metric != "wake_late_us":
                 assert cell["overhead_pct"] is not None  # compared with the host
     options = {e["name"]: e["options"] for e in results["environments"]}
-    assert options["container-1cpu"]["cpus"] == 1 and options["container-2cpu"]["cpus"] == 2
+    assert options["guest-1cpu"]["cpus"] == 1 and options["guest-2cpu"]["cpus"] == 2

@@ -229,10 +229,12 @@ def test_a_simulated_sections_tables_title_every_model_figure_as_a_models():
 
 
 def test_simulated_study_end_to_end(tmp_path):
+    # the plan's small preset (the plan as written: the simulator on a one-node host takes seconds)
     out = tmp_path / "study"
-    result = runner.invoke(app, ["run", str(PLAN), "--out", str(out), "--quiet"])
+    result = runner.invoke(app, ["run", str(PLAN), "--preset", "small", "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
+    assert results["study"]["preset"] == "small"
     section = results["scenario"]
     expected = "simulator" if len(host_nodes()) < 2 else "live"
     assert section["backend"] == expected
@@ -261,7 +263,8 @@ def test_simulated_study_end_to_end(tmp_path):
         assert all(f["verdict"] == "cannot be measured here" for f in paper["findings"])
     # every run is stored; resuming runs none again, and the report can be rebuilt from the database
     assert len(section["runs"]) == 18 and all(r["status"] == "ok" for r in section["runs"])
-    again = runner.invoke(app, ["run", str(PLAN), "--out", str(out), "--resume", "--quiet"])
+    resume = ["run", str(PLAN), "--preset", "small", "--out", str(out), "--resume", "--quiet"]
+    again = runner.invoke(app, resume)
     assert again.exit_code == 0, again.output
     assert json.loads((out / "results.json").read_text())["scenario"]["runs"] == section["runs"]
     markdown = (out / "report.md").read_text()

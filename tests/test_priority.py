@@ -1,8 +1,9 @@
 """The priority study (seed 002): its tables on fixed data, its plan's checks, then real runs.
 
-The real runs are the shipped plan ``plans/kvm-priority.toml`` at reduced size (TCG guests on this
-host, primes to 10^6, 1 guest / 2 guests / 2 guests with guest 2 at nice -20: five TCG guests are
-too heavy for two cores) and the same study with runc containers.
+The real runs are the host-only configuration alone (c0, in seconds), the shipped plan
+``plans/kvm-priority.toml`` at reduced size (TCG guests on this host, primes to 10^6 printed to each
+guest's console, the host alone / 1 guest / 2 guests / 2 guests with guest 2 at nice -20: five TCG
+guests are too heavy for two cores) and the same study with runc containers.
 """
 
 from __future__ import annotations
@@ -226,11 +227,14 @@ def test_the_shipped_plan_is_the_seeds_study():
     assert plan.study.scenario == "priority"
     (template,) = plan.environments
     assert template.kind == "vm" and template.options.vcpus == 1
-    assert plan.workloads[0].workload.params.n == 10_000_000
+    params = plan.workloads[0].workload.params
+    assert params.n == 10_000_000 and params.output == "console"  # printed line by line, as the seed's daemon
     configurations = plan.scenario.configuration
-    assert [(c.name, c.guests) for c in configurations] == [("c1", 1), ("c2", 5), ("c3", 5)]
-    assert configurations[1].control == {}
-    assert configurations[2].control[5].nice == -20
+    assert [(c.name, c.guests, c.host_only) for c in configurations] == [
+        ("c0", 1, True), ("c1", 1, False), ("c2", 5, False), ("c3", 5, False),
+    ]  # fmt: skip
+    assert configurations[2].control == {}
+    assert configurations[3].control[5].nice == -20
     assert plan.scenario.compare == ("c2", "c3")
     assert plan.scenario.sample_interval_s == 1.0 and plan.scenario.repeat == 1
 
@@ -291,6 +295,13 @@ BAD_PLANS = [
     ([('kind = "vm"\nvcpus = 1', 'kind = "container"\ncpus = 1'), ("nice = -20", "cpu_shares = 8192")],
      "CPU quota", "cpus as a list"),
     ([("[priority]", '[[workload]]\nname = "pi"\nkind = "pi"\n\n[priority]')], "one [[workload]]", None),
+    ([('name = "c2"\nguests = 2', 'name = "c2"\nguests = 2\nhost_only = true')],
+     "host_only runs the workload once on the host: guests must be 1", None),
+    ([('name = "c3"\nguests = 2', 'name = "c3"\nguests = 1\nhost_only = true'), ("2 = { nice", "1 = { nice")],
+     None, None),  # the host-only run takes a nice value, as a guest's host process does
+    ([('name = "c3"\nguests = 2', 'name = "c3"\nguests = 1\nhost_only = true'),
+      ("2 = { nice = -20 }", "1 = { pin_vcpus = [0] }")],
+     "pin_vcpus: a host-only run has no vCPUs", "pin_process"),
     ([('scenario = "priority"', 'scenario = "priority"\ncpu_sample_interval_s = 1.0')],
      "samples every guest's host process itself", "[priority] sample_interval_s"),
     ([('kind = "vm"\nvcpus = 1', 'kind = "vm"\nvcpus = 1\n[environment.control]\nnice = -5\n')],
@@ -327,8 +338,11 @@ needs_runc = pytest.mark.skipif(
 
 
 def reduced_plan(tmp_path: Path, kind: str, n: int, control: str) -> Path:
-    """plans/kvm-priority.toml at reduced size: 1 / 2 / 2 guests, guest 2 of the last one favoured."""
+    """plans/kvm-priority.toml at reduced size (without its presets): the host alone, 1 / 2 / 2
+    guests, guest 2 of the last one favoured."""
     text = PLAN.read_text()
+    presets = text.index("# -- presets")
+    text = text[:presets] + text[text.index("# ---", presets + 1) :]
     text = text.replace("n = 10000000", f"n = {n}").replace("guests = 5", "guests = 2")
     text = text.replace("5 = { nice = -20 }", f"2 = {control}").replace(
         "sample_interval_s = 1.0", "sample_interval_s = 0.2"
@@ -343,14 +357,15 @@ def reduced_plan(tmp_path: Path, kind: str, n: int, control: str) -> Path:
     return path
 
 
-def check_study(out: Path, workload_trials: int = 5) -> dict:
+def check_study(out: Path, workload_trials: int = 6) -> dict:
     """What every run of the reduced study must have produced; returns the scenario section."""
     results = json.loads((out / "results.json").read_text())
     section = results["scenario"]
-    assert [c["guests"] for c in section["configurations"]] == [1, 2, 2]
+    assert [c["guests"] for c in section["configurations"]] == [1, 1, 2, 2]
     # Table 2: every configuration x guest with its three times
     rows = section["table2"]
     assert [(r["configuration"], r["guest"]) for r in rows] == [
+        ("c0", 1),
         ("c1", 1),
         ("c2", 1),
         ("c2", 2),
@@ -367,6 +382,7 @@ def check_study(out: Path, workload_trials: int = 5) -> dict:
     assert all(isinstance(r["real_s"], float) for r in section["table3"])
     # every trial finished, with a timeline whose guests went through the three phases in order
     assert [(t["configuration"], t["status"]) for t in section["trials"]] == [
+        ("c0", "ok"),
         ("c1", "ok"),
         ("c2", "ok"),
         ("c3", "ok"),
@@ -377,12 +393,15 @@ def check_study(out: Path, workload_trials: int = 5) -> dict:
         for guest in trial["guests"]:
             timeline = processes[guest["environment"]]
             phases = [m["phase"] for m in timeline["marks"]]
-            assert phases == ["setup", "boot", "run", "teardown"], phases
+            host_only = trial["configuration"] == "c0"  # no guest to boot: held, then run
+            assert (
+                phases == ["setup", "run", "teardown"] if host_only else ["setup", "boot", "run", "teardown"]
+            ), phases
             times = [m["t_s"] for m in timeline["marks"]]
             assert times == sorted(times)
             # sampled until its process ended (QEMU's parent may reap it before its last reading)
             assert timeline["exited_s"] is not None and timeline["final_read"] in ("at-exit", "last-sample")
-            assert set(guest["phases"]) >= {"setup", "boot", "run"}
+            assert set(guest["phases"]) >= ({"setup", "run"} if host_only else {"setup", "boot", "run"})
             assert guest["phases"]["run"]["cpu_s"] > 0
     # the report: both tables and one figure per configuration with one band per guest
     markdown = (out / "report.md").read_text()
@@ -391,14 +410,69 @@ def check_study(out: Path, workload_trials: int = 5) -> dict:
     )
     html = (out / "report.html").read_text()
     figures = re.findall(r'<figure class="wide" id="(figure-\d+)"', html)
-    assert figures == ["figure-1", "figure-2", "figure-3"]
+    assert figures == ["figure-1", "figure-2", "figure-3", "figure-4"]
     bands = [len(set(re.findall(rf'id="{f}-\w*PolyCollection_\d+"', html))) for f in figures]
-    assert bands == [1, 2, 2]
+    assert bands == [1, 1, 2, 2]
     # the raw trials in the database
     with sqlite3.connect(out / "results.sqlite") as db:
         count = db.execute("SELECT COUNT(*) FROM trials WHERE workload = 'primes'").fetchone()[0]
     assert count == workload_trials
+    # the host-only run is the host's, not the template's
+    kinds = {e["name"]: e["kind"] for e in results["environments"]}
+    assert kinds["c0/guest1"] == "native" and kinds["c1/guest1"] != "native"
     return section
+
+
+HOST_ONLY = (
+    SMALL[: SMALL.index("[priority]")].replace("n = 1000\n", 'n = 2000000\noutput = "console"\n')
+    + """
+[priority]
+sample_interval_s = 0.2
+
+[[priority.configuration]]
+name = "c0"
+guests = 1
+host_only = true
+[priority.configuration.control]
+1 = { nice = 5 }
+"""
+)
+CONSOLE_SYS_SHARE = 0.1
+"""Printed to a terminal line by line, the primes cost sys time: at least this share of the user time
+(measured on this host at 2-3 * 10^6: 0.28-1.1 on a pseudo-terminal under load, and 7 in a TCG
+guest's serial console at 10^6; the seed: 3.7/8.1 on its host, 34.0/8.3 in one guest; printed to a
+file, at most 0.03)."""
+
+
+def test_the_host_only_run_is_measured_as_a_guest_is_and_gives_the_papers_c0_figures(tmp_path):
+    from virtlab.results import load_results
+    from virtlab.scenarios.priority import priority_figures
+    from virtlab.study import run_study
+
+    plan = parse_plan(HOST_ONLY, "host-only.toml")
+    outcome = run_study(plan, tmp_path / "out")
+    assert outcome.exit_code == 0
+    results = load_results(tmp_path / "out")
+    section = results.document["scenario"]
+    [row] = section["table2"]
+    assert (row["configuration"], row["environment"], row["n"]) == ("c0", "c0/guest1", 1)
+    figures = priority_figures(results)
+    real, user, sys = (figures["guest_time"]("c0", "1", metric) for metric in TIMES)
+    assert (real, user, sys) == (row["real_s"], row["user_s"], row["sys_s"])
+    assert real >= user > 0 and sys >= CONSOLE_SYS_SHARE * user  # the pty's writes
+    [cell] = [c for c in results.cells if c.environment == "c0/guest1" and c.metric == "sys_s"]
+    assert (cell.context["output"], cell.context["sink"], cell.context["buffering"]) == ("pty", "tty", "line")
+    assert cell.context["lines"] == 148_933  # primes below 2 * 10^6
+    [trial] = section["trials"]
+    [host] = trial["guests"]
+    assert host["observed_nice"] == [5] and host["controls"]["spec"] == {"nice": 5}  # held until applied
+    [process] = trial["timeline"]["processes"]
+    assert [m["phase"] for m in process["marks"]] == ["setup", "run", "teardown"]
+    assert process["include_children"] is True and host["phases"]["run"]["cpu_s"] > 0
+    [environment] = [e for e in results.environments if e.name == "c0/guest1"]
+    assert environment.kind == "native" and environment.status == "ok"
+    output = tmp_path / "out" / "environments" / "c0-guest1" / "workload.out"
+    assert output.read_text().count("\n") == 1  # the summary: the primes went to the terminal
 
 
 def guest(section: dict, configuration: str, name: str) -> dict:
@@ -420,6 +494,12 @@ def test_kvm_priority_plan_at_reduced_size(tmp_path):
     assert favoured["controls"]["nice"]["nice"] == -20
     assert other["observed_nice"] == [0] and other["controls"] is None
     assert guest(section, "c2", "c2/guest2")["observed_nice"] == [0]
+    # printed to each guest's serial console line by line, the primes cost more sys than user time
+    # (the seed: 34.0 s against 8.3 s)
+    times = {(r["configuration"], r["guest"]): r for r in section["table2"]}
+    # (the host-only run's share is held by the test of c0 alone, at 2 * 10^6: at 10^6 it is too few
+    # clock ticks to judge on a loaded host)
+    assert times[("c1", 1)]["sys_s"] > times[("c1", 1)]["user_s"], times[("c1", 1)]
 
 
 @needs_runc
@@ -435,6 +515,9 @@ def test_the_same_study_with_containers_and_a_cgroup_weight(tmp_path):
         "cgroup"
     ]["settings"] == {"cpu.weight": "800"}
     assert not guest(section, "c3", "c3/guest1")["observed_cgroup"].endswith("/virtlab/c3-guest1")
+    # a container has no console of its own: the primes went to a pseudo-terminal, line by line
+    row = next(r for r in section["table2"] if r["configuration"] == "c1")
+    assert row["sys_s"] >= CONSOLE_SYS_SHARE * row["user_s"], row
     # --resume of a finished study runs nothing again and keeps every trial
     again = virtlab_run(plan, tmp_path / "out", "--resume")
     assert again.returncode == 0, again.stderr[-3000:]

@@ -86,6 +86,30 @@ def test_primes_parses_real_user_sys_and_the_count():
     assert samples["real_s"].metadata == {"count": 25, "n": 100}
 
 
+def test_primes_says_where_its_primes_went():
+    samples = by_metric(Primes().parse(golden("primes_pty")))  # the kernel with -t: a pseudo-terminal
+    assert samples["sys_s"].metadata == {
+        "count": 25, "n": 100, "output": "pty", "sink": "tty", "buffering": "line", "lines": 25,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "values,serial_console,flag",
+    [({}, True, None), ({"output": "null"}, True, "-z"), ({"output": "console"}, True, "-c"),
+     ({"output": "console"}, False, "-t"), ({"quiet": True}, True, "-q")],
+)  # fmt: skip
+def test_primes_prints_to_the_serial_console_where_there_is_one_else_to_a_terminal(
+    values, serial_console, flag
+):
+    argv = Primes.from_mapping({"n": 10, **values}).command_in("/k", serial_console)
+    assert argv == ["/k/primes", "-n", "10", *([flag] if flag else [])]
+
+
+def test_primes_quiet_and_an_output_are_refused_together():
+    with pytest.raises(ValidationError, match="quiet prints no primes"):
+        Primes.Params.model_validate({"quiet": True, "output": "console"})
+
+
 def test_stream_parses_the_aggregate_and_keeps_each_process():
     samples = by_metric(Stream().parse(golden("stream")))
     assert list(samples) == ["copy_mbs", "scale_mbs", "add_mbs", "triad_mbs"]
@@ -236,6 +260,8 @@ def test_throughput_timeout_follows_the_duration_unless_given():
      ("pi", {}, ["pi", "-d", "1048576"]),
      ("primes", {}, ["primes", "-n", "10000000"]),
      ("primes", {"n": 100, "quiet": True}, ["primes", "-n", "100", "-q"]),
+     ("primes", {"n": 100, "output": "null"}, ["primes", "-n", "100", "-z"]),
+     ("primes", {"n": 100, "output": "console"}, ["primes", "-n", "100", "-t"]),
      ("stream", {"processes": 4}, ["stream", "-a", "100000000", "-r", "20", "-p", "4"]),
      ("cubic_calc", {}, ["cubic_calc", "-d", "60", "-m", "1"]),
      ("malloc_access", {"duration_s": 5}, ["malloc_access", "-d", "5", "-m", "2048"]),

@@ -36,13 +36,27 @@ def run(
     out: Annotated[Path | None, typer.Option("--out", help="results directory")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue a study from what is stored")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="no live progress display")] = False,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="lay the plan's [preset.NAME] over its tables: seed (the paper's scale and environments) "
+            "or small (sized for a 2-core machine); the report says which ran",
+        ),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="validate the plan and every preset it names, run nothing")
+    ] = False,
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.plan import load_plan
     from virtlab.progress import LogProgress, RichProgress, SilentProgress
     from virtlab.study import default_out_dir, latest_out_dir, run_study
 
-    study_plan = load_plan(plan)
+    if check:
+        _check_plan(plan, preset)
+        return
+    study_plan = load_plan(plan, preset)
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
     # A log (CI, `| tee`) gets plain lines; a live bar there would show nothing until the end.
@@ -53,6 +67,22 @@ def run(
         failed = len(outcome.failed_cells) + len(outcome.failed_environments)
         console.print(f"[red]{failed} environment(s)/cell(s) failed; see the report's Failures section[/red]")
     raise typer.Exit(outcome.exit_code)
+
+
+def _check_plan(path: Path | None, preset: str | None) -> None:
+    """``virtlab run --check``: the plan (with --preset, that preset; else every preset) validated,
+    one line for each; an invalid one is the usual InputError, exit 2."""
+    from virtlab.plan import default_plan_path, load_every_preset, load_plan
+
+    path = path or default_plan_path()
+    plans = [load_plan(path, preset)] if preset is not None else load_every_preset(path)
+    for checked in plans:
+        name = f"preset {checked.preset}" if checked.preset else "as written"
+        kinds = ", ".join(sorted({env.kind for env in checked.environments}))
+        typer.echo(
+            f"{path} ({name}): valid, {len(checked.environments)} environment(s) ({kinds}), "
+            f"{len(checked.workloads)} workload(s)"
+        )
 
 
 @app.command()

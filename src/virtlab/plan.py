@@ -7,7 +7,10 @@ anywhere are errors. The machines environments run on, besides this one, are ``[
 tables or an Ansible inventory (``inventory = "lab.ini"``, relative to the plan); an environment
 names one with ``host = "name"`` (``virtlab.hosts``). A study that is not an environment x
 workload grid names a scenario (``[study] scenario = "priority"``) and configures it in one more table of
-that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds``).
+that name (``[priority]``), validated by the scenario (``virtlab.scenario_kinds``). A plan may name
+presets, other sizes of the same study (``[preset.seed]``, ``[preset.small]``): one is laid over the
+plan's tables before anything is validated (``virtlab.preset``), so a preset is validated exactly as a
+plan is.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from virtlab.hosts.guests import (
     overlapping,
 )
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
+from virtlab.preset import PRESET_KEY, PresetError, apply_preset, description, preset_tables
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
@@ -224,10 +228,18 @@ class Plan:
     """The hosts the plan declares (``[[host]]`` tables, then its inventory's), used or not."""
     paper: PaperSpec | None = None
     """``[paper]``: the seed's published figures and findings, judged in the report."""
+    preset: str | None = None
+    """The ``[preset.NAME]`` laid over the plan's tables; None: the plan's own tables."""
+    presets: tuple[str, ...] = ()
+    """Every preset the plan names, chosen or not."""
+    preset_description: str = ""
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        """The plan file's hash; with a preset, of the file and the preset's name, so that a study
+        is resumed only with the plan and the preset that began it."""
+        chosen = b"" if self.preset is None else f"\0preset={self.preset}".encode()
+        return hashlib.sha256(self.text.encode() + chosen).hexdigest()
 
     @property
     def baseline(self) -> str:
@@ -264,7 +276,9 @@ def default_plan_path() -> Path:
     return Path(str(resources.files("virtlab") / "plans" / DEFAULT_PLAN))
 
 
-def load_plan(path: Path | None = None) -> Plan:
+def load_plan(path: Path | None = None, preset: str | None = None) -> Plan:
+    """The plan in ``path`` (default: the built-in quick study), with its ``[preset.NAME]`` laid
+    over it when ``preset`` names one."""
     path = path or default_plan_path()
     try:
         text = path.read_text()
@@ -274,16 +288,21 @@ def load_plan(path: Path | None = None) -> Plan:
         ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
         raise InputError(str(path), f"cannot read the plan: {error}") from None
-    return parse_plan(text, str(path), path.parent)
+    return parse_plan(text, str(path), path.parent, preset)
 
 
-def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None) -> Plan:
+def parse_plan(
+    text: str, source: str = "<plan>", directory: Path | None = None, preset: str | None = None
+) -> Plan:
     """``directory``: what the plan's relative paths (its inventory, key files) are relative to;
-    default: the current directory."""
+    default: the current directory. ``preset``: the ``[preset.NAME]`` to lay over the plan."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
+    document, presets, chosen = _with_preset(document, source, preset)
+    if preset is not None:
+        source = f"{source} (preset {preset})"
     study_table = document.get("study")
     scenario_name = study_table.get("scenario") if isinstance(study_table, dict) else None
     allowed = {"study", "environment", "workload", "host", "inventory", "paper"} | (
@@ -298,7 +317,7 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
         )
     unknown = sorted(set(document) - allowed)
     if unknown:
-        fix = "use [study], [[environment]], [[workload]], [[host]], inventory and [paper]"
+        fix = "use [study], [[environment]], [[workload]], [[host]], inventory, [paper] and [preset.NAME]"
         if unknown[0] in SCENARIOS:
             fix = f'[{unknown[0]}] configures a scenario: add scenario = "{unknown[0]}" to [study]'
         raise InputError(source, f"unknown top-level key {unknown[0]!r}", fix)
@@ -332,7 +351,7 @@ def parse_plan(text: str, source: str = "<plan>", directory: Path | None = None)
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
     paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
-    plan = Plan(source, text, study, environments, workloads, scenario, hosts, paper)
+    plan = Plan(source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen)
     _check_baselines(plan)
     return plan
 
@@ -363,6 +382,31 @@ def _check_baselines(plan: Plan) -> None:
                 f'(baseline = "{plan.environments[0].name}")'
             )
         raise InputError(plan.source, f'study.baseline = "{PER_HOST}": {missing}', fix) from None
+
+
+def _with_preset(
+    document: dict[str, Any], source: str, preset: str | None
+) -> tuple[dict[str, Any], tuple[str, ...], str]:
+    """The document to validate (the plan's, or the plan's with the preset laid over it), the names
+    of the plan's presets and the chosen one's description."""
+    try:
+        names = tuple(preset_tables(document))
+        if preset is None:
+            return {k: v for k, v in document.items() if k != PRESET_KEY}, names, ""
+        if preset not in names:
+            fix = f"use one of: {', '.join(names)}" if names else "run it without --preset"
+            known = "its presets are " + ", ".join(names) if names else "it has no [preset.NAME] tables"
+            raise InputError(source, f"no preset {preset!r} ({known})", fix)
+        return apply_preset(document, preset), names, description(document, preset)
+    except PresetError as error:
+        raise InputError(source, f"{error.where}: {error.problem}", error.fix) from None
+
+
+def load_every_preset(path: Path) -> list[Plan]:
+    """The plan in ``path`` as it is and with each of its presets, every one validated (``virtlab run
+    --check``); the first that is not valid raises its InputError."""
+    plan = load_plan(path)
+    return [plan, *(load_plan(path, name) for name in plan.presets)]
 
 
 def _paper(

@@ -87,6 +87,16 @@ class CpuLimit(Ability):
     quota_us: int | None
 
 
+@dataclass(frozen=True)
+class SerialConsole(Ability):
+    """A console of its own: a guest kernel's serial line (``console=ttyS0``), which programs in the
+    guest open as ``/dev/console`` and which QEMU writes to the console log on this host. Where an
+    environment has none (the host, a container), a program that prints to a console is given a
+    pseudo-terminal instead (primes' ``output = "console"``)."""
+
+    name: ClassVar[str] = "serial console of its own"
+
+
 def vcpu_count(abilities: Iterable[Ability]) -> int | None:
     """The number of vCPUs declared among ``abilities``; None for an environment without vCPUs."""
     cpus = find(abilities, VirtualCpus)

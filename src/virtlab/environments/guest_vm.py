@@ -52,6 +52,7 @@ from virtlab.environments.abilities import (
     BridgeNetwork,
     ConsoleLog,
     GuestBoot,
+    SerialConsole,
     VcpuProcess,
     VirtualCpus,
 )
@@ -162,7 +163,7 @@ class VmOptions(EnvironmentOptions):
 
     def abilities(self) -> tuple[Ability, ...]:
         bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
-        return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), *bridge)
+        return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), SerialConsole(), *bridge)
 
 
 def cpu_model(options: VmOptions, accelerator: str) -> str:

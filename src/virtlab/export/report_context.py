@@ -211,6 +211,8 @@ class Report:
     """The hosts of a study that ran beyond this machine, with their facts; None for one that did not."""
     host_differences: Table | None = None
     """Where those hosts differ in what changes a measurement; None with :attr:`hosts`."""
+    preset_line: str = ""
+    """Which of the plan's presets ran (``virtlab run --preset``); "" for the plan as written."""
 
 
 # --------------------------------------------------------------------------

@@ -88,6 +88,8 @@ def scenario_report(results: Mapping[str, Any], **parts: Any) -> ScenarioReport:
 def render_markdown(report: ScenarioReport) -> str:
     """The report as Markdown; the figures are named, drawn only in the HTML report."""
     parts = [f"# {escape(report.title)}", escape(report.summary)]
+    if report.base.preset_line:
+        parts.append(escape(report.base.preset_line))
     if report.notes:
         parts.append("## Notes")
         parts.append("\n".join(f"- {escape(note)}" for note in report.notes))

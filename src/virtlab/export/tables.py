@@ -51,7 +51,7 @@ from virtlab.export.report_context import (
     verdict_cell,
 )
 from virtlab.results import Cell as ResultCell
-from virtlab.results import Environment, Results, finite
+from virtlab.results import Environment, Results, Study, finite
 from virtlab.results import Failure as ResultFailure
 
 # What the report's builders and renderers have always imported from here; defined in report_context.
@@ -302,6 +302,7 @@ def metadata_table(ctx: ReportContext) -> Table:
         ("virtlab", meta.virtlab_version or ""),
         ("plan", ctx.study.plan_file or ""),
         ("plan sha256", ctx.study.plan_sha256 or ""),
+        ("preset", ctx.study.preset or ""),
     ]
     rows = tuple((Cell(k, "label"), Cell(v)) for k, v in items if v)
     return Table(key="metadata", title="Metadata", header=("item", "value"), rows=rows)
@@ -359,10 +360,19 @@ def _study_line(ctx: ReportContext) -> str:
     return " \u00b7 ".join(parts)
 
 
+def preset_line(study: Study) -> str:
+    """Which of the plan's presets ran, in the words of its description; "" for the plan as written."""
+    if study.preset is None:
+        return ""
+    described = f" \u2014 {study.preset_description}" if study.preset_description else ""
+    return f"Preset: {study.preset}{described}"
+
+
 def _facts(ctx: ReportContext) -> tuple[tuple[str, str], ...]:
     meta = ctx.results.metadata
     ok = sum(1 for e in ctx.env_info.values() if e.status == "ok")
     facts = [
+        ("preset", ctx.study.preset or ""),
         ("environments", f"{ok} of {len(ctx.envs)} ran"),
         ("measured", f"{len(ctx.rows)} metrics"),
         ("failures", str(len(ctx.failures))),
@@ -403,6 +413,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         paper=paper_tables(ctx.results),
         hosts=hosts_table(ctx),
         host_differences=host_differences_table(ctx),
+        preset_line=preset_line(ctx.study),
     )
 
 

@@ -132,6 +132,9 @@ class Study:
     """``finished``, ``running`` or ``interrupted``."""
     scenario: str | None = None
     """The scenario that ran the study (its section is :meth:`Results.section`); None for a grid."""
+    preset: str | None = None
+    """The plan's ``[preset.NAME]`` the study ran with (``virtlab run --preset``); None: as written."""
+    preset_description: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,18 @@ A plan::
     [priority.configuration.control]
     5 = { nice = -20 }       # guest 5's host process; or cpu_shares / cpu_weight (a cgroup)
 
+    [[priority.configuration]]
+    name = "c0"              # the seed's host-only run (3.3): the workload on the host, no guest
+    guests = 1
+    host_only = true
+
 One trial of a configuration provisions all its guests at once, one thread each. A VM's guest init
 runs the workload from the kernel command line (``virtlab.run``) right after the guest is up, its
 output to a file in the guest; a container's workload starts right after the container, stopped
-until its controls are applied. Every guest's host process (QEMU, or the container's process tree)
+until its controls are applied. A host-only configuration runs the workload as a process of this
+host, held the same way (``kill -STOP`` in its shell) until its controls are on, its output to a
+file of the results directory; it is sampled from that point with its children, as a container
+is. Every guest's host process (QEMU, or the container's process tree)
 is sampled by one ``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the
 guest's CPUs running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``.
 Controls are applied to the process (and a VM's vCPU threads) as soon as it exists.
@@ -67,9 +75,11 @@ from virtlab.environments.abilities import (
     ContainerCgroups,
     CpuLimit,
     GuestBoot,
+    SerialConsole,
     VcpuProcess,
     vcpu_count,
 )
+from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.export.priority import write_priority_reports
 from virtlab.paper import Figure, NotMeasured, run_figures
 from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
@@ -80,6 +90,7 @@ from virtlab.samples import ParseError, Sample
 from virtlab.scenario_kinds import PlanProblem, register_scenario
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape
+from virtlab.study.measure import trial_command
 from virtlab.study.preflight import kernels_unless
 from virtlab.workloads import Workload
 
@@ -88,11 +99,15 @@ START_MARKER = "VIRTLAB-WORKLOAD-START"
 EXIT_MARKER = "VIRTLAB-RUN-EXIT="
 VM_OUTPUT = "/run/virtlab/workload.out"
 CONTAINER_OUTPUT, CONTAINER_STATUS = "/mnt/workload.out", "/mnt/workload.status"
+HOST_OUTPUT = "workload.out"
+"""A host-only run's output, in its directory of the results directory."""
 OUTPUT_TAIL_BYTES = 16384
 """What is read back of a workload's output: its summary is at the end (primes prints millions of
 lines before it)."""
 TRIALS_KEY = "priority/trials"
 _POLL_S = 0.02
+_CONSOLE_TAIL_CHARS = 8000
+"""What is kept of a VM guest's serial console for a failure's log."""
 _SETUP_TIMEOUT_S = 900.0
 """Process start at the latest this long after provisioning began (5 disk copies at once are slow)."""
 _GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
@@ -107,6 +122,11 @@ class ConfigurationSpec(BaseModel):
     name: str = Field(pattern=_NAME, description="names the configuration in the tables (c1, c2, ...)")
     description: str = ""
     guests: int = Field(ge=1, le=64, description="guests running at once")
+    host_only: bool = Field(
+        default=False,
+        description="no guest: the workload runs on the host itself, as one process (the seed's "
+        "host-only run, 3.3); guests must be 1",
+    )
     control: dict[int, ControlSpec] = Field(
         default_factory=dict,
         description="guest number (1 = the first) -> controls of its host process, e.g. 5 = { nice = -20 }",
@@ -114,6 +134,10 @@ class ConfigurationSpec(BaseModel):
 
     @model_validator(mode="after")
     def _guests_exist(self) -> ConfigurationSpec:
+        if self.host_only and self.guests != 1:
+            raise ValueError(
+                f"host_only runs the workload once on the host: guests must be 1, not {self.guests}"
+            )
         for guest in self.control:
             if not 1 <= guest <= self.guests:
                 raise ValueError(f"control names guest {guest}, but there are guests 1..{self.guests}")
@@ -128,6 +152,7 @@ class ConfigurationSpec(BaseModel):
             "name": self.name,
             "description": self.description,
             "guests": self.guests,
+            "host_only": self.host_only,
             "control": {str(k): v.to_dict() for k, v in sorted(self.control.items())},
             "environments": self.environments,
         }
@@ -358,12 +383,13 @@ class VmGuest(Guest):
     @classmethod
     def options_for(cls, options: Any, workload: Workload, bin_dir: str) -> Any:
         """The template's options plus the kernel argument that makes the guest's init run the workload."""
-        script = base64.b64encode(cls.boot_script(workload.command(bin_dir)).encode()).decode()
+        argv = workload.command_in(bin_dir, serial_console=options.offers(SerialConsole) is not None)
+        script = base64.b64encode(cls.boot_script(argv).encode()).decode()
         return options.model_copy(update={"kernel_args": (*options.kernel_args, f"virtlab.run={script}")})
 
     def _drive(self) -> None:
         env = self.environment
-        self._console_at, self._console = 0, ""
+        self._console_at, self._console, self._partial, self._markers = 0, "", "", []
         self._start_provisioning()
         pid = self._wait(lambda: env.ability(VcpuProcess).pid, _SETUP_TIMEOUT_S, "QEMU starting")
         self._start_sampling(pid)
@@ -392,14 +418,19 @@ class VmGuest(Guest):
         except FileNotFoundError:
             return False
         self._console_at += len(news)
-        self._console += news.decode(errors="replace")
-        return any(line.strip().startswith(marker) for line in self._console.splitlines())
+        text = news.decode(errors="replace")
+        # Only the new lines are looked at, and only virtlab's markers and a tail are kept: with
+        # primes printing to the console (output = "console"), it grows by megabytes.
+        self._console = (self._console + text)[-_CONSOLE_TAIL_CHARS:]
+        *complete, self._partial = (self._partial + text).split("\n")
+        self._markers += [line.strip() for line in complete if line.strip().startswith("VIRTLAB-")]
+        return any(line.startswith(marker) for line in self._markers)
 
     def _exit_status(self) -> str | None:
         if not self._console_has(EXIT_MARKER):
             return None
-        line = next(ln for ln in self._console.splitlines() if ln.strip().startswith(EXIT_MARKER))
-        return line.strip().removeprefix(EXIT_MARKER).strip() or "-1"
+        line = next(line for line in self._markers if line.startswith(EXIT_MARKER))
+        return line.removeprefix(EXIT_MARKER).strip() or "-1"
 
     def _check_alive(self) -> None:
         if self.pid is not None and self.environment.ability(VcpuProcess).pid is None:
@@ -410,7 +441,7 @@ class VmGuest(Guest):
             raise GuestFailure(f"{self.name}: QEMU ended during {self.phase}", self._diagnosis())
 
     def _diagnosis(self) -> str:
-        return f"--- serial console ---\n{getattr(self, '_console', '')[-8000:]}"
+        return f"--- serial console ---\n{getattr(self, '_console', '')[-_CONSOLE_TAIL_CHARS:]}"
 
 
 class ContainerGuest(Guest):
@@ -426,7 +457,7 @@ class ContainerGuest(Guest):
         self._start_sampling(init, include_children=True)
         self._wait(self._provisioned, _SETUP_TIMEOUT_S, "the container being ready")
         self._mark("boot")
-        command = shlex.join(self.workload.command(env.bin_dir))
+        command = shlex.join(trial_command(env, self.workload))
         inner = (
             f"kill -STOP $$; {command} > {CONTAINER_OUTPUT} 2>&1; echo {EXIT_MARKER}$? > {CONTAINER_STATUS}"
         )
@@ -452,6 +483,79 @@ class ContainerGuest(Guest):
         if not result.ok or status is None or not status.lstrip("-").isdigit():
             raise GuestFailure(f"{self.name}: reading the workload's output failed", result.log())
         self._parse("\n".join(lines[1:]), int(status))
+
+
+class HostGuest(Guest):
+    """No guest: the workload as a process of this host (a host-only configuration, the seed's run of
+    its program on the host OS). Its shell stops itself before it execs the workload, so that the
+    controls are on the process from its first instruction, as a container guest's are; the output
+    goes to a file of the results directory, as a guest's goes to a file in the guest."""
+
+    def _drive(self) -> None:
+        env = self.environment
+        self._shell: int | None = None
+        self._result: Any = None
+        self._run_error: BaseException | None = None
+        self._start_provisioning()
+        self._wait(self._provisioned, _SETUP_TIMEOUT_S, "the host's working directory")
+        output = env.workdir / HOST_OUTPUT
+        command = shlex.join(trial_command(env, self.workload))
+        argv = ["sh", "-c", f"kill -STOP $$; exec {command} > {shlex.quote(str(output))} 2>&1"]
+        env.process_started = self._started
+        env.process_ending = lambda pid: self._mark("teardown")  # before it is reaped: its last CPU
+        runner = threading.Thread(target=self._run, args=(argv,), name=f"run-{self.name}", daemon=True)
+        runner.start()
+        try:
+            shell = self._wait(lambda: self._shell, 60, "the workload's shell starting")
+            self._wait(lambda: _stopped(shell), 60, "the workload's shell waiting")
+            self._start_sampling(shell, include_children=True)
+            self._apply_controls(shell, None)
+            self._mark("run")
+            os.kill(shell, signal.SIGCONT)
+            self._observe(shell)
+            self._wait(lambda: not runner.is_alive(), self.workload.timeout_s + 60, "the workload ending")
+        except BaseException:
+            if self._shell is not None:
+                _kill_group(self._shell)
+            runner.join(timeout=30)
+            raise
+        if self._run_error is not None:
+            raise self._run_error
+        result = self._result
+        if result.timed_out:
+            raise GuestFailure(f"{self.name}: timed out after {self.workload.timeout_s:g} s", result.log())
+        try:
+            with open(output, "rb") as handle:
+                handle.seek(max(0, output.stat().st_size - OUTPUT_TAIL_BYTES))
+                text = handle.read().decode(errors="replace")
+        except OSError as error:
+            raise GuestFailure(f"{self.name}: reading the workload's output failed: {error}") from None
+        self._parse(text, result.exit_code)
+
+    def _started(self, pid: int) -> None:
+        self._shell = pid
+
+    def _run(self, argv: list[str]) -> None:
+        try:
+            self._result = self.environment.run(argv, self.workload.timeout_s + 30)
+        except BaseException as error:  # noqa: BLE001 - handed to the guest's thread
+            self._run_error = error
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process has stopped itself (state T)."""
+    try:
+        return parse_stat(Path(f"/proc/{pid}/stat").read_text()).state == "T"
+    except (OSError, ValueError):
+        return False
+
+
+def _kill_group(pid: int) -> None:
+    """The workload's session (its shell is the leader: ``run_process`` starts a session), killed."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _held_child(parent: int, inside_pid: int) -> int | None:
@@ -621,6 +725,10 @@ class PriorityScenario(RunsStudy):
         for configuration in config.configuration:
             for guest, spec in configuration.control.items():
                 where = f"priority.configuration ({configuration.name}).control.{guest}"
+                if configuration.host_only:
+                    if spec.pin_vcpus is not None:
+                        problems.append((where, "pin_vcpus: a host-only run has no vCPUs", "use pin_process"))
+                    continue
                 if template.kind == "container" and spec.pin_vcpus is not None:
                     problems.append((where, "pin_vcpus: a container has no vCPUs", "use pin_process"))
                 if template.kind == "container" and spec.nice is not None:
@@ -649,8 +757,13 @@ class PriorityScenario(RunsStudy):
             for p in template.cls.preflight(template.options, workload.workload.tools)
         ]
         config: PriorityConfig = plan.scenario
-        vcpus = vcpu_count(template.options.abilities())
+        if any(configuration.host_only for configuration in config.configuration):
+            problems += [
+                f"the host-only run: {p}"
+                for p in NativeEnvironment.preflight(NativeOptions(), workload.workload.tools)
+            ]
         for configuration in config.configuration:
+            vcpus = None if configuration.host_only else vcpu_count(template.options.abilities())
             for guest, spec in configuration.control.items():
                 for problem in validate_against_host(spec, vcpus=vcpus):
                     problems.append(f"{guest_name(configuration.name, guest)}: {problem}")
@@ -705,12 +818,15 @@ class PriorityScenario(RunsStudy):
         safe = name.replace("/", "-")
         workdir = self.out_dir / "environments" / safe
         workdir.mkdir(parents=True, exist_ok=True)
+        control = configuration.control.get(index)
+        if configuration.host_only:
+            host = NativeEnvironment(safe, NativeOptions(), workdir)
+            return HostGuest(name, host, self.workload.workload, control, self.kernels, sampler, stop)
         kind = GUEST_KINDS[self.template.kind]
         environment = self.template.cls(safe, self.template.options, workdir)
         if kind is VmGuest:
             options = VmGuest.options_for(self.template.options, self.workload.workload, environment.bin_dir)
             environment = self.template.cls(safe, options, workdir)
-        control = configuration.control.get(index)
         return kind(name, environment, self.workload.workload, control, self.kernels, sampler, stop)
 
     # -- storing
@@ -726,12 +842,10 @@ class PriorityScenario(RunsStudy):
         """The guests' trials (all or none), failures and environments stored; returns the record."""
         failed = [g for g in guests if g.error is not None]
         ok = not failed and not any(g.stopped for g in guests)
-        options = self.template.describe()["options"]
         for guest in guests:
             status = "failed" if guest.error else "stopped" if guest.stopped else "ok"
-            self.store.put_environment(
-                guest.name, self.template.kind, options, status, guest.manifest, guest.error
-            )
+            kind, options = self._described(guest)
+            self.store.put_environment(guest.name, kind, options, status, guest.manifest, guest.error)
         if ok:
             for guest in guests:
                 self.store.add_trial(
@@ -769,6 +883,12 @@ class PriorityScenario(RunsStudy):
             "guests": [g.record() for g in guests],
             "timeline": timeline,
         }
+
+    def _described(self, guest: Guest) -> tuple[str, dict[str, Any]]:
+        """The kind and options results.json gives a guest: the template's, or the host's."""
+        if isinstance(guest, HostGuest):
+            return guest.environment.kind, guest.environment.options.model_dump(mode="json")
+        return self.template.kind, self.template.describe()["options"]
 
     # -- the engine's parts
     def shape(self) -> StudyShape:

@@ -181,6 +181,7 @@ class Study(ABC):
         store.put("plan_sha256", self.plan.sha256)
         store.put("plan_text", self.plan.text)
         here = collect_host_metadata()
+        store.put("plan_preset", self.plan.preset)
         store.put(
             "metadata",
             {
@@ -235,6 +236,8 @@ class Study(ABC):
             "target_cov_pct": shape.target_cov_pct, "plan_file": self.plan.source,
             "plan_sha256": self.plan.sha256, "status": status,
         }  # fmt: skip
+        if self.plan.preset is not None:
+            summary |= {"preset": self.plan.preset, "preset_description": self.plan.preset_description}
         self.store.put("study", summary)
 
     def record_end(self) -> None:

@@ -30,13 +30,21 @@ def study_class(plan: Plan) -> type[Study]:
 
 
 def default_out_dir(plan: Plan, root: Path = Path("results")) -> Path:
+    """``results/NAME-STAMP``, or ``results/NAME-PRESET-STAMP`` for a preset's run."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return root / f"{plan.study.name}-{stamp}"
+    return root / f"{_run_name(plan)}-{stamp}"
 
 
 def latest_out_dir(plan: Plan, root: Path = Path("results")) -> Path | None:
-    candidates = sorted(root.glob(f"{plan.study.name}-*/{ResultStore.FILENAME}")) if root.is_dir() else []
+    """The newest results directory of this plan's study run with the same preset (or none)."""
+    # The stamp starts with a digit: "NAME-2" never matches a preset's "NAME-seed-2...".
+    pattern = f"{_run_name(plan)}-[0-9]*/{ResultStore.FILENAME}"
+    candidates = sorted(root.glob(pattern)) if root.is_dir() else []
     return candidates[-1].parent if candidates else None
+
+
+def _run_name(plan: Plan) -> str:
+    return plan.study.name if plan.preset is None else f"{plan.study.name}-{plan.preset}"
 
 
 def check_results_dir(plan: Plan, out_dir: Path, resume: bool) -> bool:
@@ -135,7 +143,7 @@ def stored_plan(directory: Path, store: ResultStore) -> Plan:
     text = store.get("plan_text")
     if not text:
         raise InputError(str(directory), "holds no plan (written before plans were stored)", "give --plan")
-    return parse_plan(text, str(directory / "results.sqlite (stored plan)"))
+    return parse_plan(text, str(directory / "results.sqlite (stored plan)"), preset=store.get("plan_preset"))
 
 
 def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None = None) -> tuple[Table, ...]:

@@ -4,13 +4,20 @@ can fail turned into a ``TrialFailure`` with the log to keep."""
 from __future__ import annotations
 
 from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments.abilities import SerialConsole
 from virtlab.samples import ParseError, Sample
 from virtlab.study.outcome import TrialFailure
 from virtlab.workloads import Workload
 
 
+def trial_command(environment: Environment, workload: Workload) -> list[str]:
+    """The workload's argument list as ``environment`` runs it: where its kernels are, and whether it
+    has a serial console of its own."""
+    return workload.command_in(environment.bin_dir, environment.options.offers(SerialConsole) is not None)
+
+
 def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:
-    argv = workload.command(environment.bin_dir)
+    argv = trial_command(environment, workload)
     try:
         result = environment.run(argv, workload.timeout_s)
     except (EnvironmentError_, OSError) as error:

@@ -101,6 +101,12 @@ class Workload(ABC):
     def command(self, bin_dir: str) -> list[str]:
         """The argument list of one trial; ``bin_dir`` is where the kernels are in the environment."""
 
+    def command_in(self, bin_dir: str, serial_console: bool) -> list[str]:
+        """The argument list of one trial in an environment that has a serial console of its own
+        (a VM: ``/dev/console`` in the guest is its serial line) or not (the host, a container).
+        Only a workload that prints to a console (primes, ``output = "console"``) tells them apart."""
+        return self.command(bin_dir)
+
     @abstractmethod
     def parse(self, output: str) -> list[Sample]:
         """Typed samples from the command's standard output; raises ParseError when they are not there."""
