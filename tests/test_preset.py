@@ -389,8 +389,9 @@ def test_the_seed_presets_have_vms_where_the_papers_had_vms_and_the_papers_sizes
     ciphers = [w.workload.params.cipher for w in seed["kvm-vs-xen"].workloads if w.kind == "scp"]
     assert ciphers == ["3des-cbc", "aes128-ctr", "aes128-cbc", "arcfour128"]
     # seed 001: VMs of 1 and 2 vCPUs, tiles of VMs, 10 web VMs, 4 VMs into 1
-    assert kinds(seed["apps-alone"]) == {"native": "native", "guest-1cpu": "vm", "guest-2cpu": "vm"}
-    assert [e.options.vcpus for e in seed["apps-alone"].environments[1:]] == [1, 2]
+    guests = ("guest-1cpu", "guest-2cpu", "balanced", "balanced-min-100", "high-performance")
+    assert kinds(seed["apps-alone"]) == {"native": "native", **{name: "vm" for name in guests}}
+    assert [e.options.vcpus for e in seed["apps-alone"].environments[1:]] == [1, 2, 2, 2, 2]
     assert kinds(seed["consolidation"]) == {"member": "vm"}
     assert seed["consolidation"].scenario.tiles == (1, 2, 3, 4, 5, 6)
     assert kinds(seed["web-scale-out"]) == {"web": "vm"} and seed["web-scale-out"].scenario.counts == (
