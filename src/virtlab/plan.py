@@ -121,7 +121,9 @@ class EnvironmentSpec:
     """The name of the remote host it runs on (a ``Plan.hosts`` entry); None: this machine."""
 
     def create(self, workdir: Path) -> Environment:
-        return self.cls(self.name, self.options, workdir)
+        environment = self.cls(self.name, self.options, workdir)
+        environment.host_name = self.host
+        return environment
 
     def describe(self) -> dict[str, Any]:
         described = {"name": self.name, "kind": self.kind, "options": self.options.model_dump(mode="json")}
@@ -343,8 +345,6 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
 
 # What a kind that cannot run on a remote host yet is run as instead.
 _REMOTE_INSTEAD = {
-    "container": 'run it on this machine (no host =), or measure that host itself with kind = "native" '
-    'and host = "{host}"; runc on a remote host is not built yet',
     "vm": 'run it on this machine (no host =), or use kind = "libvirt" with uri = "{uri}" (no host =): '
     "libvirt reaches that host itself; QEMU over QMP through SSH is not built yet",
     "libvirt": 'remove host = and give uri = "{uri}": libvirt reaches that host itself',
@@ -362,7 +362,7 @@ def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Ho
         cls = _remote_class(kind, host, source, where)
         overrides = _without(table, "name", "kind", "control", "host")
         try:
-            options = ssh_options(host, overrides)
+            options = ssh_options(host, overrides, cls.Options)
         except ValidationError as error:
             raise _input_error(error, cls.Options, source, where) from None
     host_name = host.name if host is not None else None
@@ -411,6 +411,10 @@ def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Enviro
         from virtlab.environments.ssh import RemoteNativeEnvironment
 
         return RemoteNativeEnvironment
+    if kind == "container":
+        from virtlab.environments.remote_container import RemoteContainerEnvironment
+
+        return RemoteContainerEnvironment
     user = f"{host.user}@" if host.user else ""
     uri = host.libvirt_uri or f"qemu+ssh://{user}{host.address}/system"
     fix = _REMOTE_INSTEAD.get(kind, "run it on this machine (no host =)").format(host=host.name, uri=uri)
