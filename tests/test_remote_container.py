@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -213,6 +214,16 @@ def test_a_study_runs_primes_and_dd_in_it_reusing_the_tree_and_removing_a_killed
     before = tree.stat()
     killed_id, killed_cgroups, killed_workdir = killed_run
     assert len(leftovers(*killed_run)) == 3 + len(killed_cgroups)  # all still there
+    # partial copies of the tree: a killed run's of this machine (its owner gone), a live one's, and
+    # another machine's (which nobody here can judge)
+    key, machine = tree.name, runc.boot_id()
+    partials = {
+        "dead": tree.parent / f"{rc.PARTIAL}{key}_{machine}_{2**22 + 1}_1",
+        "live": tree.parent / f"{rc.PARTIAL}{key}_{rc.owner_tag()}",
+        "foreign": tree.parent / f"{rc.PARTIAL}{key}_{'0' * 8}-0000-0000-0000-{'0' * 12}_1_1",
+    }
+    for partial in partials.values():
+        (partial / "rootfs").mkdir(parents=True)
     out = tmp_path / "out"
     outcome = run_study(parse_plan(plan_text(lab, network="none"), "rc.toml"), out)
     assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
@@ -237,7 +248,9 @@ def test_a_study_runs_primes_and_dd_in_it_reusing_the_tree_and_removing_a_killed
     assert facts["rootfs_shipped"] is False and facts["rootfs"] == first.rootfs
     after = tree.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert not list(tree.parent.glob(".partial-*"))
+    assert sorted(tree.parent.glob(".partial-*")) == sorted([partials["live"], partials["foreign"]])
+    for partial in partials.values():
+        shutil.rmtree(partial, ignore_errors=True)
     # the killed run's container went when the study provisioned its own; nothing of either is left
     assert leftovers(killed_id, killed_cgroups, killed_workdir) == []
     assert not list(Path(runc.BUNDLES).glob("virtlab-boxed-*"))

@@ -18,7 +18,8 @@ The rootfs cache is ``rootfs_cache``, by default ``<host workdir>/virtlab/rootfs
 names a workdir, else ``~/.cache/virtlab/rootfs`` of the remote user. It is content-addressed by the
 image's key (a hash of everything that decides the tree). A tree is shipped (tar over the SSH
 connection) into ``.partial-<key>_<owner>`` and renamed to ``<key>`` once whole, so a copy cut short
-is never taken for a complete one; the partial copy of a killed run is removed by the next shipping.
+is never taken for a complete one; the partial copy of a killed run is removed by the next
+container this machine provisions there.
 
 The container is the local kind's: the same ``oci_config`` (with the open-files limit and swap
 accounting of that host), the same runc steps (``environments.runc``), each command an argument
@@ -475,6 +476,8 @@ class SshRuncHost(runc.RuncHost):
         return done.stdout if done.ok else None
 
     def read_texts(self, paths: list[str]) -> list[str | None]:
+        if not paths:
+            return []
         marker = f"== virtlab-{secrets.token_hex(8)} "
         done = self._must(["sh", "-c", _READ_ALL, "virtlab-read", marker, *paths], "reading files")
         sections = split_sections(done.stdout, marker)
