@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from marks import needs_runc
-from virtlab.environments import ENVIRONMENTS, EnvironmentError_
+from virtlab.environments import ENVIRONMENTS, EnvironmentError_, runc
 from virtlab.environments import container as ct
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.errors import InputError
@@ -110,6 +110,47 @@ def test_preflight_looks_for_the_workload_tools_in_the_image(guest_image, monkey
     monkeypatch.setitem(ct.TOOL_PACKAGES, "mysql", "default-mysql-client")  # a package it lacks
     problems = ContainerEnvironment.preflight(ContainerOptions(), ("sshd", "fio", "pgbench", "mysql"))
     assert len(problems) == 1 and problems[0].startswith("mysql is not in the guest image's package list")
+
+
+@pytest.mark.parametrize(
+    ("path", "relative"),
+    [("/mnt", "."), ("/mnt/a/b", "a/b"), ("a/../b", "b"), (".", "."), ("/mnt/a/../../mnt/c", "c")],
+)
+def test_files_are_reached_inside_the_scratch_directory_only(path, relative):
+    assert ct.scratch_relative(path) == relative
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "/mnt/../etc", "/mntx/a"])
+def test_a_path_outside_the_scratch_directory_is_refused(path):
+    with pytest.raises(ValueError, match="read-only; copy to and from /mnt/"):
+        ct.scratch_relative(path)
+
+
+def test_cpu_and_memory_limits_are_checked_against_the_host_s_figures():
+    assert ct.cpu_problems([0, 2], [0, 1, 2]) == [] and ct.cpu_problems(3, [0, 1, 2]) == []
+    assert ct.cpu_problems(None, [0]) == []
+    assert ct.cpu_problems([1, 5], [0, 1, 2]) == [
+        "cpus = [1, 5]: the host has no CPU 5 available (it has 0-2); give ids from that set or a count"
+    ]
+    assert ct.cpu_problems(3.5, [0, 1, 2]) == ["cpus = 3.5 is more than the host's 3 CPUs"]
+    assert ct.memory_problems(512, 512 * MiB) == [] and ct.memory_problems(None, MiB) == []
+    assert ct.memory_problems(513, 512 * MiB) == ["memory_mb = 513 exceeds the host's 512 MiB"]
+    assert ct.memory_problems(513, None) == []  # the host's memory unknown: runc finds out
+
+
+def test_an_owner_record_is_judged_only_on_its_owner_s_machine():
+    ours = runc.owner_record("virtlab-x-1", {"memory": "/m"}, scratch="/s")
+    assert (ours["id"], ours["owner_pid"], ours["scratch"]) == ("virtlab-x-1", os.getpid(), "/s")
+    assert ours["owner_machine"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    gone = {**ours, "owner_pid": 2**22 + 1}  # above any pid_max: never a process
+    for local in (True, False):
+        assert not runc.owner_gone(ours, local)  # this process lives
+        assert runc.owner_gone(gone, local)
+        assert not runc.owner_gone({**gone, "owner_machine": "another-boot"}, local)
+        assert runc.owner_gone({}, local)  # unreadable, or runc state without a bundle
+    older = {key: value for key, value in gone.items() if key != "owner_machine"}
+    assert runc.owner_gone(older, local=True)  # this machine's own, by an older virtlab
+    assert not runc.owner_gone(older, local=False)  # on a remote host: that host's own container
 
 
 # --------------------------------------------------------------------------

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from virtlab.environments.native import NativeEnvironment
+from virtlab.environments.remote_container import RemoteContainerEnvironment, RemoteContainerOptions
 from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions, parse_sections
 from virtlab.errors import InputError
 from virtlab.hosts import LOCAL, Host, load_inventory, ssh_options
 from virtlab.hosts.check import read_facts, verdict
 from virtlab.plan import Plan, load_plan, parse_plan
-from virtlab_cli import cli_env
+from virtlab.study.preflight import host_needs
+from virtlab_cli import cli_env, virtlab
 
 DATA = Path(__file__).parent / "data" / "hosts"
 WORKLOAD = '[[workload]]\nname = "p"\nkind = "primes"\nn = 1000\n'
@@ -302,10 +304,71 @@ def test_an_unknown_host_is_a_plan_error_naming_the_known_ones():
     assert env.host is None and env.cls is NativeEnvironment
 
 
+def test_a_container_on_a_remote_host_is_runc_there_over_ssh_with_the_container_s_keys():
+    lab = plan(
+        f'{LAB}[[environment]]\nname = "box"\nkind = "container"\nhost = "lab1"\ncpus = 1.5\n'
+        'memory_mb = 256\npids_limit = 64\nbuild = "copy"\n\n'
+        '[[workload]]\nname = "dd"\nkind = "dd"\nsize_mb = 16\n'
+    )
+    [box] = lab.environments
+    assert (box.host, box.kind, box.cls) == ("lab1", "container", RemoteContainerEnvironment)
+    assert issubclass(box.cls, SshEnvironment) and box.cls.kind == "container"
+    o = box.options
+    assert isinstance(o, RemoteContainerOptions)
+    # the host's values reach it as they reach a native environment there; the container's keys keep theirs
+    assert (o.host, o.user, o.port, o.identity_file) == ("198.18.7.1", "bench", 2200, DATA / "keys" / "lab1")
+    assert (o.known_hosts, o.workdir_parent, o.build) == (
+        Path("/etc/virtlab/known_hosts"),
+        "/srv/virtlab",
+        "copy",
+    )
+    assert (o.cpus, o.cpu_quota_us(), o.memory_mb, o.pids_limit) == (1.5, 150_000, 256, 64)
+    assert o.network == "none" and o.rootfs_cache is None  # no virtlab bridge there: its own namespace
+    # what the host must have: runc and tar, the compiler only where the kernels are built there; the
+    # workloads' tools come with the guest tree (dd is not looked for on the host)
+    assert host_needs(lab) == {"lab1": ["runc", "tar"]}
+    built_there = plan(f'{LAB}[[environment]]\nname = "box"\nkind = "container"\nhost = "lab1"\n')
+    assert host_needs(built_there) == {"lab1": ["cc", "runc", "tar"]}
+    # its processes are not this machine's: no controls, and the runner samples none here
+    assert box.cls.host_scope(o)[0] is None
+
+
+@pytest.mark.parametrize(
+    ("key", "problem", "fix"),
+    [
+        ('network = "bridge"',
+         "network: virtlab's bridge network exists only on this machine, not on a remote host (got 'bridge')",
+         'network: on a remote host: "none" (the default'),
+        ("control.cpu_shares = 512", "control: no host process to control: a container on a remote host",
+         "remove [environment.control]"),
+        ('rootfs_cache = "cache"', "rootfs_cache: 'cache' must be an absolute remote directory",
+         "rootfs_cache: remote directory where the guest tree is shipped"),
+        ("memory_mb = 8", "memory_mb: Input should be greater than or equal to 16",
+         "memory_mb: memory limit"),
+    ],
+)  # fmt: skip
+def test_what_a_container_on_a_remote_host_cannot_be_is_a_plan_error(key, problem, fix):
+    error = refused(f'{LAB}[[environment]]\nname = "box"\nkind = "container"\nhost = "lab1"\n{key}\n')
+    assert error.problem.startswith(f"environment[0] (box).{problem}"), error.problem
+    if fix is not None:
+        assert error.fix is not None and error.fix.startswith(fix), error.fix
+
+
+def test_a_remote_container_plan_error_is_exit_2_with_its_fix(tmp_path):
+    (tmp_path / "lab.toml").write_text(
+        f'{LAB}[study]\nname = "s"\n\n[[environment]]\nname = "box"\nkind = "container"\n'
+        f'host = "lab1"\nnetwork = "bridge"\n\n{WORKLOAD}'
+    )
+    done = virtlab("run", str(tmp_path / "lab.toml"), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stderr
+    assert "network: virtlab's bridge network exists only on this machine" in done.stderr
+    assert 'on a remote host: "none"' in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("kind", "fix"),
     [
-        ("container", 'kind = "native" and host = "lab1"'),
         ("vm", 'uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
         ("libvirt", 'remove host = and give uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
     ],

@@ -184,7 +184,9 @@ class EnvironmentSpec:
     (``virtlab.cpufreq``)."""
 
     def create(self, workdir: Path) -> Environment:
-        return self.cls(self.name, self.options, workdir)
+        environment = self.cls(self.name, self.options, workdir)
+        environment.host_name = self.host
+        return environment
 
     @property
     def on_host(self) -> str | None:
@@ -508,8 +510,6 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
 
 # What a kind that cannot run on a remote host yet is run as instead.
 _REMOTE_INSTEAD = {
-    "container": 'run it on this machine (no host =), or measure that host itself with kind = "native" '
-    'and host = "{host}"; runc on a remote host is not built yet',
     "vm": 'run it on this machine (no host =), or use kind = "libvirt" with uri = "{uri}" (no host =): '
     "libvirt reaches that host itself; QEMU over QMP through SSH is not built yet",
     "libvirt": 'remove host = and give uri = "{uri}": libvirt reaches that host itself',
@@ -527,7 +527,7 @@ def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Ho
         cls = _remote_class(kind, host, source, where)
         overrides = _without(table, "name", "kind", "control", "host", "power_plan")
         try:
-            options = ssh_options(host, overrides)
+            options = ssh_options(host, overrides, cls.Options)
         except ValidationError as error:
             raise _input_error(error, cls.Options, source, where) from None
     host_name = host.name if host is not None else None
@@ -594,6 +594,10 @@ def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Enviro
         from virtlab.environments.ssh import RemoteNativeEnvironment
 
         return RemoteNativeEnvironment
+    if kind == "container":
+        from virtlab.environments.remote_container import RemoteContainerEnvironment
+
+        return RemoteContainerEnvironment
     user = f"{host.user}@" if host.user else ""
     uri = host.libvirt_uri or f"qemu+ssh://{user}{host.address}/system"
     fix = _REMOTE_INSTEAD.get(kind, "run it on this machine (no host =)").format(host=host.name, uri=uri)

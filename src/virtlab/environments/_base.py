@@ -209,6 +209,8 @@ class Environment(ABC):
     process_ending: Callable[[int], None] | None = field(default=None, init=False, repr=False)
     """Where an environment whose commands are host processes (native) says that one has exited,
     before it is reaped, so its final CPU figures can still be read; None: nobody asks."""
+    host_name: str | None = field(default=None, init=False)
+    """The plan's name of the remote host it runs on (``host =``), for its manifest; None: this machine."""
     _provisioned: bool = field(default=False, init=False)
     _nfs_point: str | None = field(default=None, init=False)
 
@@ -223,6 +225,12 @@ class Environment(ABC):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         """Problems visible before anything starts (a tool the workload needs is missing, ...)."""
         return []
+
+    @classmethod
+    def remote_host_needs(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        """The programs a remote host this environment is placed on must have, for a workload
+        needing ``tools`` (``virtlab hosts check`` and ``virtlab run`` look for them there first)."""
+        return list(tools)
 
     @classmethod
     def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:

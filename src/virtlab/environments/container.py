@@ -21,14 +21,14 @@ On the host::
 Every command is a ``runc exec`` in its own session: a timeout or Ctrl-C kills its process group
 inside the container. Teardown is ``runc delete --force`` (which kills what is left), the veth, the
 cgroups and the bundle. A crashed run's containers are removed by the next ``provision`` of any
-virtlab process (``cleanup_leftovers``), recognised by their owner's PID and start time.
+virtlab process (``cleanup_leftovers``), recognised by their owner's PID and start time. The runc
+steps are ``environments.runc``'s, which a container on a remote host (``remote_container``) shares.
 
 No seccomp profile is applied (as runc's own ``runc spec``); capabilities are Docker's defaults.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import json
 import os
@@ -36,12 +36,10 @@ import re
 import resource
 import secrets
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
@@ -49,6 +47,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from virtlab import network as vnet
 from virtlab.build import KernelBuild, cache_root
 from virtlab.cpulist import format_cpu_list
+from virtlab.environments import runc
 from virtlab.environments._base import (
     BackgroundCommand,
     CommandResult,
@@ -56,7 +55,6 @@ from virtlab.environments._base import (
     EnvironmentError_,
     EnvironmentOptions,
     HostScope,
-    ProcessCommand,
     register_environment,
     split_sections,
 )
@@ -66,16 +64,13 @@ from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_im
 from virtlab.metadata import cpu_flags_summary
 from virtlab.nfs import kernel_client_problem
 
-RUN_DIR = Path("/run/virtlab")
-RUNC_ROOT = RUN_DIR / "runc"
-BUNDLES = RUN_DIR / "containers"
+# runc's directories on this machine, as paths to read here.
+RUNC_ROOT = Path(runc.RUNC_ROOT)
+BUNDLES = Path(runc.BUNDLES)
 GUEST_SCRATCH = "/mnt"
-ID_PREFIX = "virtlab-"
-CGROUP_PARENT = "virtlab"
 # The container's init: work arrives by runc exec. A shell waiting for any child also reaps the
 # orphans a killed command leaves to PID 1 (``sleep infinity`` alone would keep them as zombies).
 INIT_SCRIPT = "trap 'exit 0' TERM INT; while :; do sleep 86400 & wait; done"
-_RUNC_TIMEOUT_S = 60.0
 # Docker's default capability set: what "a container" means to most users of one.
 CAPABILITIES = [
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
@@ -176,10 +171,8 @@ class ContainerEnvironment(Environment):
                 problems.append(f"{tool} is not installed on this host: apt-get install {package}")
         if os.geteuid() != 0:
             problems.append("containers need root (runc with cgroup limits and network namespaces)")
-        problems += _cpu_problems(options.cpus)
-        host_memory = _host_memory_bytes()
-        if options.memory_mb is not None and host_memory and options.memory_mb * 2**20 > host_memory:
-            problems.append(f"memory_mb = {options.memory_mb} exceeds the host's {host_memory // 2**20} MiB")
+        problems += cpu_problems(options.cpus, sorted(os.sched_getaffinity(0)))
+        problems += memory_problems(options.memory_mb, _host_memory_bytes())
         problems += guest_tool_problems(tools)
         return problems
 
@@ -202,25 +195,28 @@ class ContainerEnvironment(Environment):
         self.image = build_image(ImageSpec(), progress=self.say)
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:40] or "c"
         suffix = secrets.token_hex(3)
-        self.container_id = f"{ID_PREFIX}{safe_name}-{suffix}"
+        self.container_id = f"{runc.ID_PREFIX}{safe_name}-{suffix}"
         self.bundle = BUNDLES / self.container_id
         # Absolute: runc reads a relative mount source as relative to the bundle.
         self.scratch = (self.workdir / f"scratch-{suffix}").resolve()
         self._execs = itertools.count(1)  # names the exec pid files; next() is thread-safe
-        _LIVE[id(self)] = self
+        runc.remove_at_exit(self, self._delete)
         try:
             self.bundle.mkdir(parents=True)
             self.scratch.mkdir(parents=True)
             self._write_owner()  # before runc runs: a crash from here on leaves a record
             config = oci_config(
                 self.options, self.image.rootfs.resolve(), Path(kernels.bin_dir).resolve(), self.scratch,
-                f"{CGROUP_PARENT}/{safe_name}-{suffix}", hostname=safe_name[:63],
+                f"{runc.CGROUP_PARENT}/{safe_name}-{suffix}", hostname=safe_name[:63],
             )  # fmt: skip
             (self.bundle / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-            self._start()
+            self.init_pid, self.cgroup_paths = runc.start_container(
+                runc.LOCAL, str(self.bundle), self.container_id
+            )
+            self._write_owner()
+            self.process_started(self.init_pid)
             if self.options.network == "bridge":
                 self._network = vnet.VirtualNetwork.shared(self.options.mtu)
-                assert self.init_pid is not None
                 self.attachment = self._network.attach_namespace(self.init_pid, "eth0", mtu=self.options.mtu)
         except BaseException as error:
             log = self._runc_log()
@@ -229,31 +225,8 @@ class ContainerEnvironment(Environment):
                 raise EnvironmentError_(f"container {self.name}: {error}", log) from error
             raise
 
-    def _start(self) -> None:
-        assert self.bundle is not None
-        pid_file = self.bundle / "init.pid"
-        argv = [*_runc(), "run", "--detach", "--bundle", str(self.bundle), "--pid-file", str(pid_file),
-                self.container_id]  # fmt: skip
-        # Detached, the init keeps runc's stdio: a log file, never our pipes (they would never close).
-        with open(self.bundle / "runc.log", "ab") as log:
-            try:
-                done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                      timeout=_RUNC_TIMEOUT_S, check=False)  # fmt: skip
-            except subprocess.TimeoutExpired:
-                message = f"runc run did not return in {_RUNC_TIMEOUT_S:g} s"
-                raise EnvironmentError_(message, self._runc_log()) from None
-        if done.returncode != 0:
-            raise EnvironmentError_(
-                f"runc could not start container {self.container_id} (exit {done.returncode})",
-                self._runc_log(),
-            )
-        self.init_pid = int(pid_file.read_text())
-        self.cgroup_paths = _runc_state(self.container_id).get("cgroup_paths") or {}
-        self._write_owner()
-        self.process_started(self.init_pid)
-
     def _delete(self) -> None:
-        _LIVE.pop(id(self), None)
+        runc.removed(self)
         try:
             if self._network is not None:
                 if self.attachment is not None:
@@ -262,7 +235,8 @@ class ContainerEnvironment(Environment):
         finally:
             self._network, self.attachment = None, None
             if self.container_id:
-                _remove_container(self.container_id, self.cgroup_paths or {}, self.bundle, self.scratch)
+                paths = [str(path) for path in (self.bundle, self.scratch) if path is not None]
+                runc.remove_container(runc.LOCAL, self.container_id, self.cgroup_paths or {}, *paths)
             self.init_pid = None
 
     # -- commands --------------------------------------------------------------------------
@@ -281,62 +255,19 @@ class ContainerEnvironment(Environment):
 
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
         assert self.bundle is not None
-        pid_file = self.bundle / f"exec-{next(self._execs)}.pid"
-        started = time.monotonic()
-        # A process group of its own: Ctrl-C at the terminal reaches virtlab, which ends the command.
-        # (Not a session of its own: runc exec takes some 20 ms longer when started with setsid.)
-        process = subprocess.Popen(
-            [*_runc(), "exec", "--pid-file", str(pid_file), self.container_id, *argv],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, errors="replace", process_group=0,
-        )  # fmt: skip
-        timed_out = False
-        try:
-            stdout, stderr = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            stdout, stderr = _kill_exec(process, pid_file)
-        except BaseException:
-            _kill_exec(process, pid_file)
-            raise
-        finally:
-            pid_file.unlink(missing_ok=True)
-        result = CommandResult(
-            tuple(argv), process.returncode, stdout, stderr, time.monotonic() - started, timed_out
-        )
-        if not result.ok and not timed_out and not self._running():
+        pid_file = str(self.bundle / f"exec-{next(self._execs)}.pid")
+        result = runc.exec_in(runc.LOCAL, self.container_id, pid_file, argv, timeout_s)
+        if not result.ok and not result.timed_out and not runc.running(runc.LOCAL, self.container_id):
             raise EnvironmentError_(f"container {self.container_id} is not running any more", result.log())
         return result
 
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
         assert self.bundle is not None
-        pid_file = self.bundle / f"exec-{next(self._execs)}.pid"
-
-        def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
-            # The command inside is a session leader (runc exec); before runc has written its PID,
-            # runc itself, which passes the signal on.
-            try:
-                pid = int(pid_file.read_text())
-            except (OSError, ValueError):
-                pid = None
-            for group in (pid, process.pid if pid is None or sig == signal.SIGKILL else None):
-                if group is not None:
-                    try:
-                        os.killpg(group, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-
-        return ProcessCommand(
-            argv, [*_runc(), "exec", "--pid-file", str(pid_file), self.container_id, *argv],
-            send_signal, lambda: pid_file.unlink(missing_ok=True), process_group=0,
-        )  # fmt: skip
+        pid_file = str(self.bundle / f"exec-{next(self._execs)}.pid")
+        return runc.exec_in_background(runc.LOCAL, self.container_id, pid_file, argv)
 
     def network_address(self) -> str | None:
         return str(self.attachment.address.ip) if self.attachment and self.attachment.address else None
-
-    def _running(self) -> bool:
-        done = _runc_call("state", self.container_id)
-        return done.returncode == 0 and json.loads(done.stdout).get("status") == "running"
 
     # -- files -----------------------------------------------------------------------------
     def copy_in(self, source: Path, destination: str) -> None:
@@ -357,12 +288,7 @@ class ContainerEnvironment(Environment):
         """Where ``path`` (inside, absolute or relative to /mnt) is on the host; only /mnt is reachable."""
         if self.scratch is None:
             raise RuntimeError(f"environment {self.name!r} copies files before provision()")
-        inside = os.path.normpath(os.path.join(GUEST_SCRATCH, path))
-        if inside != GUEST_SCRATCH and not inside.startswith(GUEST_SCRATCH + "/"):
-            raise ValueError(
-                f"{path}: the container's root is read-only; copy to and from {GUEST_SCRATCH}/ (its scratch)"
-            )
-        host = self.scratch / os.path.relpath(inside, GUEST_SCRATCH)
+        host = self.scratch / scratch_relative(path)
         # A symlink made inside must not lead the host outside the scratch directory.
         root = os.path.realpath(self.scratch)
         if os.path.commonpath([root, os.path.realpath(host)]) != root:
@@ -371,12 +297,7 @@ class ContainerEnvironment(Environment):
 
     # -- description -----------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        result = self.run(["/bin/sh", "-c", _PROBE], timeout_s=30)
-        if not result.ok:
-            raise EnvironmentError_(
-                f"container {self.container_id}: reading its manifest failed", result.log()
-            )
-        return describe_inside(parse_probe(result.stdout), self._facts())
+        return describe_inside(probe_inside(self, self.container_id), self._facts())
 
     def _facts(self) -> dict[str, Any]:
         """What the host side knows: options, runtime, image, network, storage."""
@@ -384,9 +305,7 @@ class ContainerEnvironment(Environment):
         if options.network == "bridge" and self.attachment is not None and self._network is not None:
             net = f"bridge {self._network.netns}, eth0 {self.attachment.address}, mtu {self.attachment.mtu}"
         else:
-            net = {"none": "own namespace, loopback only", "host": "the host's namespace"}.get(
-                options.network, ""
-            )
+            net = NETWORK_MODES.get(options.network, "")
         address = self.attachment.address if self.attachment else None
         return {
             "kind": self.kind,
@@ -396,45 +315,35 @@ class ContainerEnvironment(Environment):
             "address": str(address.ip) if address else None,
             "storage": f"root: guest image tree, read-only bind (no overlay); {GUEST_SCRATCH}: host "
             "directory bind mount, host page cache",
-            "runtime": _runc_version(),
+            "runtime": runc.runc_version(runc.LOCAL),
             "image_key": self.image.key if self.image else None,
             "container_id": self.container_id,
         }
 
     def _write_owner(self) -> None:
         assert self.bundle is not None
-        record = {
-            "id": self.container_id,
-            "owner_pid": os.getpid(),
-            "owner_start": vnet.process_start_time(os.getpid()),
-            "scratch": str(self.scratch) if self.scratch else None,
-            "cgroup_paths": self.cgroup_paths or {},
-        }
-        tmp = self.bundle / ".owner.json.tmp"
-        tmp.write_text(json.dumps(record) + "\n")
-        tmp.replace(self.bundle / "owner.json")
+        record = runc.owner_record(
+            self.container_id, self.cgroup_paths, scratch=str(self.scratch) if self.scratch else None
+        )
+        runc.write_owner(runc.LOCAL, str(self.bundle), record)
 
     def _runc_log(self) -> str:
-        try:
-            return (self.bundle / "runc.log").read_text(errors="replace")[-20_000:] if self.bundle else ""
-        except OSError:
-            return ""
+        return runc.runc_log(runc.LOCAL, str(self.bundle)) if self.bundle else ""
 
 
-# Containers of this process not torn down yet, held strongly: a Ctrl-C that unwinds past whoever
-# provisioned one (e.g. while its manifest is read) drops the last other reference to it, and it
-# must still be removed when the interpreter exits. Keyed by id: environments are dataclasses,
-# compared by value and so not hashable.
-_LIVE: dict[int, ContainerEnvironment] = {}
+def scratch_relative(path: str) -> str:
+    """``path`` inside the container (absolute, or relative to /mnt) relative to its scratch
+    directory, the one place files go in and out (ValueError for any other: the root is read-only)."""
+    inside = os.path.normpath(os.path.join(GUEST_SCRATCH, path))
+    if inside != GUEST_SCRATCH and not inside.startswith(GUEST_SCRATCH + "/"):
+        raise ValueError(
+            f"{path}: the container's root is read-only; copy to and from {GUEST_SCRATCH}/ (its scratch)"
+        )
+    return os.path.relpath(inside, GUEST_SCRATCH)
 
 
-@atexit.register
-def _teardown_live() -> None:
-    for environment in list(_LIVE.values()):
-        try:
-            environment._delete()
-        except Exception:  # noqa: BLE001 - the others must go too; cleanup_leftovers catches the rest
-            pass
+NETWORK_MODES = {"none": "own namespace, loopback only", "host": "the host's namespace"}
+"""What the manifest says of a network mode without virtlab's bridge."""
 
 
 # --------------------------------------------------------------------------- the OCI bundle
@@ -442,13 +351,16 @@ def _teardown_live() -> None:
 
 def oci_config(
     options: ContainerOptions,
-    rootfs: Path,
-    bin_dir: Path,
-    scratch: Path,
+    rootfs: PurePath,
+    bin_dir: PurePath,
+    scratch: PurePath,
     cgroups_path: str,
     hostname: str = "virtlab",
+    limits: HostLimits | None = None,
 ) -> dict[str, Any]:
-    """config.json in the shape of ``runc spec``, with virtlab's mounts, limits and namespaces."""
+    """config.json in the shape of ``runc spec``, with virtlab's mounts, limits and namespaces;
+    ``limits``: those of the host it runs on (default: this machine's)."""
+    limits = limits or local_limits()
     namespaces = ["pid", "ipc", "uts", "mount"] + ([] if options.network == "host" else ["network"])
     capabilities = {kind: CAPABILITIES for kind in ("bounding", "effective", "permitted")}
     return {
@@ -464,7 +376,7 @@ def oci_config(
             ],
             "cwd": GUEST_SCRATCH,
             "capabilities": capabilities,
-            "rlimits": [_nofile_like_native()],
+            "rlimits": [{"type": "RLIMIT_NOFILE", "soft": limits.nofile[0], "hard": limits.nofile[1]}],
             "noNewPrivileges": True,
         },
         "root": {"path": str(rootfs), "readonly": True},
@@ -495,7 +407,7 @@ def oci_config(
         ],
         "linux": {
             "cgroupsPath": cgroups_path,
-            "resources": _resources(options),
+            "resources": _resources(options, limits.swap_accounting),
             "namespaces": [{"type": kind} for kind in namespaces],
             "maskedPaths": MASKED_PATHS,
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
@@ -503,17 +415,31 @@ def oci_config(
     }
 
 
-def _nofile_like_native() -> dict[str, Any]:
-    # The limits native commands get (virtlab's own): raising them may not be permitted anyway.
+@dataclass(frozen=True)
+class HostLimits:
+    """What of its host a container's config follows: the open-files limit (soft, hard) native
+    commands get there (raising it may not be permitted anyway), and whether the memory cgroup
+    limits memory+swap (v1's memsw, or v2)."""
+
+    nofile: tuple[int, int]
+    swap_accounting: bool
+
+
+@cache
+def local_limits() -> HostLimits:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return {"type": "RLIMIT_NOFILE", "hard": hard, "soft": soft}
+    swap = (
+        Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+        or Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    )
+    return HostLimits((soft, hard), swap)
 
 
 def _mount(destination: str, kind: str, source: str, *options: str) -> dict[str, Any]:
     return {"destination": destination, "type": kind, "source": source, "options": list(options)}
 
 
-def _resources(options: ContainerOptions) -> dict[str, Any]:
+def _resources(options: ContainerOptions, swap_accounting: bool) -> dict[str, Any]:
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
     cpu: dict[str, Any] = {}
     if (quota := options.cpu_quota_us()) is not None:
@@ -525,135 +451,28 @@ def _resources(options: ContainerOptions) -> dict[str, Any]:
     if options.memory_mb is not None:
         limit = options.memory_mb * 2**20
         resources["memory"] = {"limit": limit}
-        if _swap_accounting():
+        if swap_accounting:
             resources["memory"]["swap"] = limit  # memory+swap: no swap beyond the limit
     if options.pids_limit is not None:
         resources["pids"] = {"limit": options.pids_limit}
     return resources
 
 
-@cache
-def _swap_accounting() -> bool:
-    return (
-        Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
-        or Path("/sys/fs/cgroup/cgroup.controllers").exists()
-    )
-
-
 # --------------------------------------------------------------------------- runc
-
-
-def _runc() -> list[str]:
-    return ["runc", "--root", str(RUNC_ROOT)]
-
-
-def _runc_call(*args: str) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            [*_runc(), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-            timeout=_RUNC_TIMEOUT_S, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(args, 124, "", f"runc {args[0]} timed out")
-
-
-def _runc_state(container_id: str) -> dict[str, Any]:
-    """runc's own record of a container (status, init pid, cgroup paths); empty when it has none."""
-    try:
-        return json.loads((RUNC_ROOT / container_id / "state.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-@cache
-def _runc_version() -> str | None:
-    try:
-        done = subprocess.run(["runc", "--version"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.splitlines()[0].strip() if done.stdout else None
-
-
-def _kill_exec(process: subprocess.Popen[str], pid_file: Path) -> tuple[str, str]:
-    """End a ``runc exec``: its process group inside the container, then runc itself."""
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            pid = int(pid_file.read_text())
-        except (OSError, ValueError):
-            pid = None  # runc has not started the process yet
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # runc exec makes the process a session leader
-            except (ProcessLookupError, PermissionError):
-                pass
-            break
-        if process.poll() is not None:
-            break
-        time.sleep(0.01)
-    try:
-        return process.communicate(timeout=10)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return process.communicate()
-
-
-def _remove_container(
-    container_id: str, cgroup_paths: dict[str, str], bundle: Path | None, scratch: Path | None
-) -> None:
-    """runc's state and every process (delete --force), then the cgroups, bundle and scratch."""
-    if (RUNC_ROOT / container_id).exists():
-        cgroup_paths = cgroup_paths or _runc_state(container_id).get("cgroup_paths") or {}
-        done = _runc_call("delete", "--force", container_id)
-        if done.returncode != 0 and (RUNC_ROOT / container_id).exists():
-            _runc_call("kill", container_id, "KILL")
-            time.sleep(0.1)
-            _runc_call("delete", "--force", container_id)
-    for path in cgroup_paths.values():
-        leaf = Path(path)
-        for directory in (leaf, leaf.parent) if leaf.parent.name == CGROUP_PARENT else (leaf,):
-            try:
-                directory.rmdir()  # only when empty: another container's parent stays
-            except OSError:
-                pass
-    if bundle is not None:
-        shutil.rmtree(bundle, ignore_errors=True)
-    if scratch is not None:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def cleanup_leftovers() -> list[str]:
     """Remove virtlab containers (and their networks) whose owner process is gone; returns their ids."""
-    removed = []
     if shutil.which("ip"):
         vnet.cleanup_leftovers()
-    owners: dict[str, dict[str, Any]] = {}
-    for owner_file in BUNDLES.glob(f"{ID_PREFIX}*/owner.json"):
-        try:
-            owners[owner_file.parent.name] = json.loads(owner_file.read_text())
-        except (OSError, ValueError):
-            owners[owner_file.parent.name] = {}  # half-written by a crash: its owner is gone
-    known = {path.name for path in RUNC_ROOT.glob(f"{ID_PREFIX}*")} | set(owners)
-    for container_id in sorted(known):
-        record = owners.get(container_id)
-        if record is None and not (BUNDLES / container_id).exists():
-            record = {}  # runc state without a bundle: nobody can run commands in it
-        if record is None or vnet.owner_alive(record.get("owner_pid"), record.get("owner_start")):
-            continue
-        scratch = Path(record["scratch"]) if record.get("scratch") else None
-        _remove_container(container_id, record.get("cgroup_paths") or {}, BUNDLES / container_id, scratch)
-        removed.append(container_id)
-    return removed
+    return runc.cleanup_leftovers(runc.LOCAL)
 
 
 # --------------------------------------------------------------------------- preflight
 
 
-def _cpu_problems(cpus: int | float | list[int] | None) -> list[str]:
-    available = sorted(os.sched_getaffinity(0))
+def cpu_problems(cpus: int | float | list[int] | None, available: list[int]) -> list[str]:
+    """What is wrong with a container's ``cpus`` on a host whose usable CPUs are ``available``."""
     if isinstance(cpus, list):
         unknown = [c for c in cpus if c not in available]
         if unknown:
@@ -663,6 +482,12 @@ def _cpu_problems(cpus: int | float | list[int] | None) -> list[str]:
             ]
     elif cpus is not None and cpus > len(available):
         return [f"cpus = {cpus} is more than the host's {len(available)} CPUs"]
+    return []
+
+
+def memory_problems(memory_mb: int | None, host_memory: int | None) -> list[str]:
+    if memory_mb is not None and host_memory and memory_mb * 2**20 > host_memory:
+        return [f"memory_mb = {memory_mb} exceeds the host's {host_memory // 2**20} MiB"]
     return []
 
 
@@ -713,7 +538,7 @@ _BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin")
 # --------------------------------------------------------------------------- the manifest
 
 # One shell run inside collects everything; sections start with "@@ <name>".
-_PROBE = r"""
+INSIDE_PROBE = r"""
 section() { echo "@@ $1"; }
 section cpuinfo; cat /proc/cpuinfo
 section nproc; nproc
@@ -735,6 +560,14 @@ true
 
 def parse_probe(output: str) -> dict[str, str]:
     return split_sections(output, "@@ ")
+
+
+def probe_inside(environment: Environment, container_id: str) -> dict[str, str]:
+    """What the container sees (``INSIDE_PROBE`` run in it), by section."""
+    result = environment.run(["/bin/sh", "-c", INSIDE_PROBE], timeout_s=30)
+    if not result.ok:
+        raise EnvironmentError_(f"container {container_id}: reading its manifest failed", result.log())
+    return parse_probe(result.stdout)
 
 
 def describe_inside(probe: dict[str, str], facts: dict[str, Any]) -> dict[str, Any]:

@@ -93,15 +93,17 @@ exit $status
 """
 # Waits a moment for a command that was only just starting to write its PID file. (``kill -9 -PGID``
 # is the spelling that dash, busybox and bash all read as a process group; dash refuses ``--``.)
+# Exit status 3: there was no PID file, nothing was killed.
 _KILL = """i=0
 while [ ! -s "$1" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done
-[ -s "$1" ] || exit 0
+[ -s "$1" ] || exit 3
 pgid=$(cat -- "$1")
 kill -9 "-$pgid" 2>/dev/null || kill -9 "$pgid" 2>/dev/null
 rm -f -- "$1"
 """
-# Sends a signal (a number) to a background command's process group, leaving its PID file.
-_SIGNAL = """[ -s "$1" ] || exit 0
+# Sends a signal (a number) to a background command's process group, leaving its PID file (exit
+# status 3: no PID file yet).
+_SIGNAL = """[ -s "$1" ] || exit 3
 pgid=$(cat -- "$1")
 kill "-$2" "-$pgid" 2>/dev/null || kill "-$2" "$pgid" 2>/dev/null
 exit 0
@@ -236,12 +238,7 @@ class SshOptions(EnvironmentOptions):
     @field_validator("workdir", "workdir_parent")
     @classmethod
     def _remote_dir(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = PurePosixPath(value)
-        if not path.is_absolute() or path == PurePosixPath("/") or ".." in path.parts:
-            raise ValueError(f"{value!r} must be an absolute remote directory (not /, no '..')")
-        return str(path)
+        return remote_directory(value)
 
     def expanded(self, path: Path) -> Path:
         return Path(os.path.expanduser(path))
@@ -279,7 +276,7 @@ class SshEnvironment(Environment):
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, SshOptions)
         problems = [
-            f"the OpenSSH client ({tool}) is not installed on this host: apt-get install {package}"
+            f"{tool} ({package}) is not installed on this host: apt-get install {package}"
             for tool, package in cls.host_tools.items()
             if shutil.which(tool) is None
         ]
@@ -301,9 +298,19 @@ class SshEnvironment(Environment):
         # The tools a workload needs are on the remote: they are looked for at provision, not here.
         return problems
 
+    @classmethod
+    def remote_host_needs(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        assert isinstance(options, SshOptions)
+        return [*tools, *([options.compiler] if options.build == "remote" else [])]
+
     # -- the environment ---------------------------------------------------------------------
     @property
     def bin_dir(self) -> str:
+        return self.remote_bin
+
+    @property
+    def remote_bin(self) -> str:
+        """Where the kernels are on the remote host."""
         return f"{self.remote_dir}/bin"
 
     @property
@@ -322,11 +329,13 @@ class SshEnvironment(Environment):
                 build = self._copy_kernels(kernels)
             else:
                 build = self._build_remote(kernels)
+            prepared = self._prepare()
             check = self._check_kernels()
             self._facts = {
                 "connect_s": round(connect_s, 4),
                 "exec_round_trip_s": round(check.elapsed_s, 4),
                 **build,
+                **prepared,
             }
             self._facts.update(self._probe())
         except BaseException:
@@ -358,7 +367,12 @@ class SshEnvironment(Environment):
         result = CommandResult(
             tuple(argv), process.returncode, stdout, stderr, time.monotonic() - started, timed_out
         )
-        if result.exit_code == _SSH_FAILED and not timed_out:
+        self._check_connection(result)
+        return result
+
+    def _check_connection(self, result: CommandResult) -> None:
+        """Raise EnvironmentError_ when a command's status 255 was ssh's: the connection broke."""
+        if result.exit_code == _SSH_FAILED and not result.timed_out:
             # A multiplexed client says nothing when the connection drops (the master would, to
             # /dev/null); a master that is gone tells that from a command's own status 255.
             diagnosis = self._diagnose(result.stderr)
@@ -366,7 +380,6 @@ class SshEnvironment(Environment):
                 diagnosis = self._diagnose("closed by remote host")
             if diagnosis is not None:
                 raise EnvironmentError_(f"ssh {self.target}: {diagnosis[0]} (during a command)", result.log())
-        return result
 
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
         pidfile = f"{self.remote_dir}/run/{next(self._runs)}.pid"
@@ -374,8 +387,7 @@ class SshEnvironment(Environment):
 
         def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
             # The remote command first: the local ssh ends when it does (see _stop).
-            remote = ["sh", "-c", _SIGNAL, "virtlab-signal", pidfile, str(int(sig))]
-            run_process(self._ssh_argv(remote), _KILL_TIMEOUT_S)
+            self._signal_remote(pidfile, sig)
             if sig == signal.SIGKILL:
                 try:
                     os.killpg(process.pid, signal.SIGKILL)
@@ -398,6 +410,10 @@ class SshEnvironment(Environment):
         The remote side goes first: a multiplexed ssh hands its pipes to the master connection,
         which keeps them open until the remote command ends, killed local client or not."""
         self._kill_remote(pidfile)
+        return self._end_client(process)
+
+    def _end_client(self, process: subprocess.Popen[str]) -> tuple[str, str]:
+        """Kill the local ssh of a command already killed on the remote; what it had printed."""
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -433,6 +449,7 @@ class SshEnvironment(Environment):
         first = ("host", "virtualization", "cpu_model", "cores", "memory_bytes", "kernel")
         return {
             **super().manifest(),
+            "host_name": self.host_name,
             **{key: facts.get(key) for key in first},
             **{key: value for key, value in facts.items() if key not in first},
         }
@@ -501,7 +518,7 @@ class SshEnvironment(Environment):
         # Java programs are bytecode: this host's jars run on any JRE there, nothing to compile.
         jars = [str(kernels.path(name)) for name in kernels.kernels if name.endswith(".jar")]
         if jars:
-            self._scp(["-p", *jars, f"{self._scp_host()}:{self.bin_dir}/"], "copying the Java programs")
+            self._scp(["-p", *jars, f"{self._scp_host()}:{self.remote_bin}/"], "copying the Java programs")
         return {
             "build": "remote",
             "compiler": compiler,
@@ -510,7 +527,7 @@ class SshEnvironment(Environment):
         }
 
     def _compile_argv(self, name: str, kernels: KernelBuild) -> list[str]:
-        source, output = f"{self.remote_dir}/src/{name}.c", f"{self.bin_dir}/{name}"
+        source, output = f"{self.remote_dir}/src/{name}.c", f"{self.remote_bin}/{name}"
         return compile_argv(self.options.compiler, name, source, output, kernels.cflags)
 
     def _copy_kernels(self, kernels: KernelBuild) -> dict[str, Any]:
@@ -523,7 +540,7 @@ class SshEnvironment(Environment):
                 arch.log(),
             )
         binaries = [str(kernels.path(name)) for name in kernels.kernels]
-        self._scp(["-p", *binaries, f"{self._scp_host()}:{self.bin_dir}/"], "copying the kernels")
+        self._scp(["-p", *binaries, f"{self._scp_host()}:{self.remote_bin}/"], "copying the kernels")
         return {
             "build": "copy",
             "compiler": kernels.compiler,
@@ -531,19 +548,24 @@ class SshEnvironment(Environment):
             "cflags": " ".join(kernels.cflags),
         }
 
+    def _prepare(self) -> dict[str, Any]:
+        """What a kind built on this one sets up once the kernels are there, before they are
+        checked the way commands run (a container on the host); its facts for the manifest."""
+        return {}
+
     def _check_kernels(self) -> CommandResult:
         """Runs ``noop`` the way every command runs: proves the binaries execute there."""
         check = self._run([f"{self.bin_dir}/noop"], _STEP_TIMEOUT_S)
         if not check.ok or "ok=1" not in check.stdout:
-            fix = (
-                'the host\'s binaries do not run there (CPU features or libc differ): use build = "remote"'
-                if self.options.build == "copy"
-                else f"is {self.remote_dir} on a filesystem mounted noexec? choose another workdir"
-            )
             raise EnvironmentError_(
-                f"ssh {self.target}: the kernels do not run on the remote; {fix}", check.log()
+                f"ssh {self.target}: the kernels do not run on the remote; {self._kernels_fix()}", check.log()
             )
         return check
+
+    def _kernels_fix(self) -> str:
+        if self.options.build == "copy":
+            return 'the host\'s binaries do not run there (CPU features or libc differ): use build = "remote"'
+        return f"is {self.remote_dir} on a filesystem mounted noexec? choose another workdir"
 
     def _probe(self) -> dict[str, Any]:
         result = self._remote(["sh", "-c", _PROBE])
@@ -581,16 +603,29 @@ class SshEnvironment(Environment):
         if problem is not None and not quiet:
             raise problem
 
-    def _kill_remote(self, pidfile: str) -> None:
-        run_process(self._ssh_argv(["sh", "-c", _KILL, "virtlab-kill", pidfile]), _KILL_TIMEOUT_S)
+    def _kill_remote(self, pidfile: str) -> bool:
+        """SIGKILL to the process group whose PID ``pidfile`` holds, once it is written (a moment's
+        wait); False when there was none."""
+        done = run_process(self._ssh_argv(["sh", "-c", _KILL, "virtlab-kill", pidfile]), _KILL_TIMEOUT_S)
+        return done.exit_code != 3
+
+    def _signal_remote(self, pidfile: str, sig: int) -> bool:
+        """``sig`` to the process group whose PID ``pidfile`` holds; False when there is none yet."""
+        remote = ["sh", "-c", _SIGNAL, "virtlab-signal", pidfile, str(int(sig))]
+        return run_process(self._ssh_argv(remote), _KILL_TIMEOUT_S).exit_code != 3
 
     # -- ssh and scp -------------------------------------------------------------------------
     def _common_options(self) -> list[str]:
         return ssh_client_options(self.options, self.control_path)
 
-    def _ssh_argv(self, remote_argv: list[str] | None, extra: tuple[str, ...] = ()) -> list[str]:
+    def _ssh_argv(
+        self, remote_argv: list[str] | None, extra: tuple[str, ...] = (), takes_input: bool = False
+    ) -> list[str]:
+        """``takes_input``: the remote command reads what is written to the local ssh's stdin."""
         argv = ["ssh", *self._common_options(), "-p", str(self.options.port), *extra]
-        argv += ["-n", self.options.host] if remote_argv is not None else [self.options.host]
+        argv += (
+            ["-n", self.options.host] if remote_argv is not None and not takes_input else [self.options.host]
+        )
         if remote_argv is not None:
             # One string, because that is what the protocol carries; each element quoted, and
             # ``exec`` so that the command keeps the session leader's PID (see _WRAPPER).
@@ -633,6 +668,16 @@ class SshEnvironment(Environment):
 
     def _diagnose(self, stderr: str) -> tuple[str, str] | None:
         return diagnose_ssh(self.options, stderr)
+
+
+def remote_directory(value: str | None) -> str | None:
+    """A remote directory an option names, normalised: absolute, not /, no '..' (ValueError)."""
+    if value is None:
+        return None
+    path = PurePosixPath(value)
+    if not path.is_absolute() or path == PurePosixPath("/") or ".." in path.parts:
+        raise ValueError(f"{value!r} must be an absolute remote directory (not /, no '..')")
+    return str(path)
 
 
 def ssh_target(options: SshOptions) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from virtlab.hosts.guests import guest_range
 from virtlab.hosts.model import Host
@@ -35,12 +35,17 @@ def host_ssh_values(host: Host) -> dict[str, Any]:
     return values
 
 
-def ssh_options(host: Host, overrides: Mapping[str, Any] | None = None) -> SshOptions:
-    """Validated options reaching ``host`` (pydantic's ValidationError names a bad value)."""
+def ssh_options(
+    host: Host, overrides: Mapping[str, Any] | None = None, model: type[BaseModel] | None = None
+) -> SshOptions:
+    """Validated options reaching ``host`` (pydantic's ValidationError names a bad value); ``model``:
+    the options of a kind built on the ssh kind's (a container on that host), default the ssh kind's."""
     # The ssh driver is imported when a plan has a remote host, as the registry imports it lazily.
     from virtlab.environments.ssh import SshOptions
 
-    return SshOptions.model_validate({**host_ssh_values(host), **(overrides or {})})
+    validated = (model or SshOptions).model_validate({**host_ssh_values(host), **(overrides or {})})
+    assert isinstance(validated, SshOptions)
+    return validated
 
 
 def host_problem(host: Host) -> str | None:

@@ -717,6 +717,11 @@ class PriorityScenario(RunsStudy):
                 ("environment", "a priority study needs exactly one [[environment]]: the guest template",
                  f"keep one, of kind {' or '.join(GUEST_KINDS)}")
             )  # fmt: skip
+        elif environments[0].host is not None:
+            problems.append(
+                ("environment.host", "a priority study sets the priority of its guests' processes on this "
+                 f"machine, and {environments[0].host!r} is another", "remove host =")
+            )  # fmt: skip
         if len(workloads) != 1:
             problems.append(("workload", "a priority study runs one [[workload]] in every guest", "keep one"))
         if problems:

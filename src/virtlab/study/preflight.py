@@ -77,19 +77,15 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
 
 
 def host_needs(plan: Plan) -> dict[str, list[str]]:
-    """Each host the plan's environments use -> the programs it must have: the workloads' tools, and
-    the compiler where the kernels are built there."""
-    from virtlab.environments.ssh import SshOptions
-
+    """Each host the plan's environments use -> the programs it must have, as each environment's kind
+    says (``Environment.remote_host_needs``): the workloads' tools, the compiler where the kernels are
+    built there, runc for a container."""
     needs: dict[str, list[str]] = {}
+    tools = tuple(tool for spec in plan.workloads for tool in spec.workload.tools)
     for env in plan.environments:
-        if env.host is None:
-            continue
-        wanted = needs.setdefault(env.host, [])
-        wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
-        if isinstance(env.options, SshOptions) and env.options.build == "remote":
-            wanted.append(env.options.compiler)
-    return {host: sorted(set(tools)) for host, tools in needs.items()}
+        if env.host is not None:
+            needs.setdefault(env.host, []).extend(env.cls.remote_host_needs(env.options, tools))
+    return {host: sorted(set(wanted)) for host, wanted in needs.items()}
 
 
 def host_problems(plan: Plan) -> list[str]:
