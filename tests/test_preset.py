@@ -313,6 +313,7 @@ def test_run_check_validates_every_preset_and_an_unknown_one_is_exit_2(tmp_path)
     plan.write_text(PLAN)
     helped = virtlab("run", "--help", timeout=60).stdout
     assert "--preset" in helped and "--check" in helped
+    assert "[preset.NAME]" in helped  # not taken for rich markup and dropped
     checked = virtlab("run", str(plan), "--check", timeout=60)
     assert checked.returncode == 0, checked.stderr
     assert [line.split(": ")[0] for line in checked.stdout.splitlines()] == [

@@ -40,7 +40,7 @@ def run(
         str | None,
         typer.Option(
             "--preset",
-            help="lay the plan's [preset.NAME] over its tables: seed (the paper's scale and environments) "
+            help="lay the plan's \\[preset.NAME] over its tables: seed (the paper's scale and environments) "
             "or small (sized for a 2-core machine); the report says which ran",
         ),
     ] = None,
