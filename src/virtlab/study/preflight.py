@@ -77,8 +77,9 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
 
 
 def host_needs(plan: Plan) -> dict[str, list[str]]:
-    """Each host the plan's environments use -> the programs it must have: the workloads' tools, and
-    the compiler where the kernels are built there."""
+    """Each host the plan's environments use -> the programs it must have: the workloads' tools where
+    they run on the host itself (not in a VM of its libvirt), and the compiler where the kernels are
+    built there."""
     from virtlab.environments.ssh import SshOptions
 
     needs: dict[str, list[str]] = {}
@@ -86,20 +87,34 @@ def host_needs(plan: Plan) -> dict[str, list[str]]:
         if env.host is None:
             continue
         wanted = needs.setdefault(env.host, [])
-        wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
-        if isinstance(env.options, SshOptions) and env.options.build == "remote":
-            wanted.append(env.options.compiler)
+        if isinstance(env.options, SshOptions):
+            wanted += [tool for spec in plan.workloads for tool in spec.workload.tools]
+            if env.options.build == "remote":
+                wanted.append(env.options.compiler)
     return {host: sorted(set(tools)) for host, tools in needs.items()}
+
+
+def host_libvirt(plan: Plan) -> dict[str, str]:
+    """Each host whose libvirt the plan's VMs use -> the URI they connect to (the first, where two
+    environments give the same machine different URIs)."""
+    from virtlab.environments.libvirt import LibvirtOptions
+
+    uris: dict[str, str] = {}
+    for env in plan.environments:
+        if env.host is not None and isinstance(env.options, LibvirtOptions):
+            uris.setdefault(env.host, env.options.uri)
+    return uris
 
 
 def host_problems(plan: Plan) -> list[str]:
     """Every host the plan uses checked at once before anything runs (``virtlab hosts check``):
-    one that cannot be reached, whose key does not match, or that lacks a program is refused here,
-    not found out as a failed environment after the other hosts' set-up."""
+    one that cannot be reached, whose key does not match, that lacks a program, or whose libvirt
+    the plan's VMs cannot reach is refused here, not found out as a failed environment after the
+    other hosts' set-up."""
     needs = host_needs(plan)
     if not needs:
         return []
-    checks = check_hosts([plan.host(name) for name in needs], needs, needs)
+    checks = check_hosts([plan.host(name) for name in needs], needs, needs, libvirt=host_libvirt(plan))
     return [f"host {check.host.name!r}: {'; '.join(check.problems)}" for check in checks if not check.ok]
 
 
