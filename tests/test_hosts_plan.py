@@ -347,6 +347,9 @@ def test_a_libvirt_vm_on_a_remote_host_uses_that_host_s_libvirt():
         (Host("a", address="fe80::1", user="ops", identity=Path("/my keys/id"), known_hosts=Path("~/kh")),
          f"qemu+libssh2://ops@[fe80::1]/system?keyfile=/my%20keys/id&known_hosts={Path.home()}/kh"
          "&known_hosts_verify=normal&sshauth=privkey"),
+        # a user with a colon (a domain user) is not read as user:password
+        (Host("a", address="h", user="AD:ops", known_hosts=Path("/k")),
+         "qemu+libssh2://AD%3Aops@h/system?known_hosts=/k&known_hosts_verify=normal&sshauth=agent,privkey"),
     ],
 )  # fmt: skip
 def test_a_host_s_libvirt_uri_is_made_of_its_ssh_values(host, uri):
@@ -375,6 +378,16 @@ def test_an_environment_s_own_uri_with_host_must_name_the_same_machine():
     assert error.fix == f'give only host = "lab1" (its libvirt: {LAB1_LIBVIRT}), or only uri = (no host =)'
     local = refused(f'{LAB}{ENV}uri = "qemu:///system"\n')
     assert "names this machine, but host = 'lab1'" in local.problem
+    # names compare as DNS names do, without case; the machine of the host's libvirt_uri counts too
+    upper = LAB.replace('address = "198.18.7.1"', 'address = "KVM1.Lab"').replace(
+        f'libvirt_uri = "{LAB1_LIBVIRT}"', 'libvirt_uri = "qemu+ssh://bench@kvm1-mgmt.lab/system"'
+    )
+    for same in ("qemu+tls://kvm1.lab/system", "qemu+tls://KVM1-MGMT.lab/system"):
+        [env] = plan(f'{upper}{ENV}uri = "{same}"\n').environments
+        assert env.options.uri == same
+    # the libvirt options are checked, and named, as the environment's
+    error = refused(f"{LAB}{ENV}vcpus = 0\n")
+    assert error.problem.startswith("environment[0] (e).vcpus: Input should be greater than or equal to 1")
 
 
 @pytest.mark.parametrize(
@@ -383,6 +396,7 @@ def test_an_environment_s_own_uri_with_host_must_name_the_same_machine():
         "qemu+ssh://root@h/system?no_verify=1",
         "qemu+libssh2://root@h/system?known_hosts_verify=auto",
         "qemu+libssh://root@h/system?known_hosts_verify=ignore",
+        "qemu+libssh2://root@h/system?known_hosts_verify=",  # not libvirt's default: refused there too
     ],
 )
 def test_a_libvirt_uri_that_accepts_host_keys_unchecked_is_refused(uri):
