@@ -5,23 +5,26 @@ and what ``hosts check`` makes of a host's answers, on fixed output."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from virtlab.environments.libvirt import LibvirtEnvironment, LibvirtOptions, RemoteVmEnvironment, upload_pool
 from virtlab.environments.native import NativeEnvironment
 from virtlab.environments.remote_container import RemoteContainerEnvironment, RemoteContainerOptions
 from virtlab.environments.ssh import RemoteNativeEnvironment, SshEnvironment, SshOptions, parse_sections
 from virtlab.errors import InputError
-from virtlab.hosts import LOCAL, Host, load_inventory, ssh_options
+from virtlab.hosts import LOCAL, Host, derived_libvirt_uri, host_libvirt_uri, load_inventory, ssh_options
 from virtlab.hosts.check import read_facts, verdict
 from virtlab.plan import Plan, load_plan, parse_plan
-from virtlab.study.preflight import host_needs
+from virtlab.study.preflight import host_libvirt, host_needs
 from virtlab_cli import cli_env, virtlab
 
 DATA = Path(__file__).parent / "data" / "hosts"
@@ -367,32 +370,6 @@ def test_a_remote_container_plan_error_is_exit_2_with_its_fix(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("kind", "fix"),
-    [
-        ("vm", 'uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
-        ("libvirt", 'remove host = and give uri = "qemu+ssh://bench@198.18.7.1:2200/system"'),
-    ],
-)
-def test_kinds_that_cannot_run_on_a_remote_host_yet_are_refused_with_what_to_use(kind, fix):
-    error = refused(f'{LAB}[[environment]]\nname = "e"\nkind = "{kind}"\nhost = "lab1"\n')
-    assert (
-        error.problem
-        == f"environment[0] (e).host: a {kind} environment on a remote host (lab1) is not supported yet"
-    )
-    assert fix in error.fix
-
-
-@pytest.mark.parametrize(("user", "uri"), [('user = "root"\n', "qemu+ssh://root@10.0.0.3/system"),
-                                         ("", "qemu+ssh://10.0.0.3/system")])  # fmt: skip
-def test_libvirt_refusal_builds_a_uri_when_the_host_gives_none(user, uri):
-    error = refused(
-        f'[[host]]\nname = "lab3"\naddress = "10.0.0.3"\n{user}\n'
-        '[[environment]]\nname = "e"\nkind = "libvirt"\nhost = "lab3"\n'
-    )
-    assert error.fix == f'remove host = and give uri = "{uri}": libvirt reaches that host itself'
-
-
-@pytest.mark.parametrize(
     ("body", "problem"),
     [
         ('[[host]]\naddress = "x"\n', "host[0].name: required key is missing"),
@@ -610,3 +587,185 @@ def test_per_host_is_a_word_no_environment_may_be_named_then():
     with pytest.raises(InputError) as unknown:
         per_host(("here", "native", None), baseline="there")
     assert unknown.value.fix == 'use one of: here, or "per-host" (each host\'s native)'
+
+
+# ----------------------------------------------------------------------------- VMs on a remote host
+
+LAB1_LIBVIRT = "qemu+ssh://bench@198.18.7.1:2200/system"  # LAB's libvirt_uri
+
+
+NO_URI = LAB.replace(f'libvirt_uri = "{LAB1_LIBVIRT}"\n', "")
+
+
+ENV = '[[environment]]\nname = "e"\nkind = "libvirt"\nhost = "lab1"\n'
+
+
+def test_a_libvirt_vm_on_a_remote_host_uses_that_host_s_libvirt():
+    [env] = plan(
+        f'{LAB}[[environment]]\nname = "e"\nkind = "libvirt"\nhost = "lab1"\nvcpus = 1\n'
+    ).environments
+    assert (env.host, env.kind, env.cls) == ("lab1", "libvirt", LibvirtEnvironment)
+    assert env.options == LibvirtOptions(uri=LAB1_LIBVIRT, vcpus=1)
+    assert upload_pool(env.options) == "default"  # a remote URI: the files are uploaded into its pool
+    # without a libvirt_uri, one made of the host's SSH values: strict host keys, its key file
+    [made] = plan(f"{NO_URI}{ENV}").environments
+    assert made.options.uri == (
+        f"qemu+libssh2://bench@198.18.7.1:2200/system?keyfile={DATA}/keys/lab1"
+        "&known_hosts=/etc/virtlab/known_hosts&known_hosts_verify=normal&sshauth=privkey"
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "uri"),
+    [
+        (Host("a", address="10.0.0.3", user="root", identity=Path("/k/id"), known_hosts=Path("/k/known")),
+         "qemu+libssh2://root@10.0.0.3/system?keyfile=/k/id&known_hosts=/k/known&known_hosts_verify=normal"
+         "&sshauth=privkey"),
+        # no identity: ssh's default keys and the agent; no user: this machine's, named (libssh2's is root)
+        (Host("a", address="lab.example", port=2222, known_hosts=Path("/k/known")),
+         f"qemu+libssh2://{getpass.getuser()}@lab.example:2222/system?known_hosts=/k/known"
+         "&known_hosts_verify=normal&sshauth=agent,privkey"),
+        # an IPv6 address in brackets, paths escaped, ~ expanded for this machine's user
+        (Host("a", address="fe80::1", user="ops", identity=Path("/my keys/id"), known_hosts=Path("~/kh")),
+         f"qemu+libssh2://ops@[fe80::1]/system?keyfile=/my%20keys/id&known_hosts={Path.home()}/kh"
+         "&known_hosts_verify=normal&sshauth=privkey"),
+        # a user with a colon (a domain user) is not read as user:password
+        (Host("a", address="h", user="AD:ops", known_hosts=Path("/k")),
+         "qemu+libssh2://AD%3Aops@h/system?known_hosts=/k&known_hosts_verify=normal&sshauth=agent,privkey"),
+    ],
+)  # fmt: skip
+def test_a_host_s_libvirt_uri_is_made_of_its_ssh_values(host, uri):
+    assert derived_libvirt_uri(host) == uri == host_libvirt_uri(host)
+    assert host_libvirt_uri(replace(host, libvirt_uri="qemu+tls://a/system")) == "qemu+tls://a/system"
+    with pytest.raises(ValueError, match="is this machine"):
+        derived_libvirt_uri(Host("here"))
+
+
+def test_a_relative_key_file_is_made_absolute_for_libvirt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = derived_libvirt_uri(Host("a", address="h", user="u", identity=Path("id"), known_hosts=Path("kh")))
+    assert f"keyfile={tmp_path}/id&known_hosts={tmp_path}/kh&" in uri
+
+
+def test_an_environment_s_own_uri_with_host_must_name_the_same_machine():
+    # the same machine (its address, or the machine its libvirt_uri names): that uri is used
+    for same in ("qemu+ssh://root@198.18.7.1/system", "qemu+tls://198.18.7.1/system"):
+        [env] = plan(f'{LAB}{ENV}uri = "{same}"\n').environments
+        assert env.options.uri == same
+    error = refused(f'{LAB}{ENV}uri = "qemu+ssh://root@198.18.9.9/system"\n')
+    assert error.problem == (
+        "environment[0] (e).uri: 'qemu+ssh://root@198.18.9.9/system' names 198.18.9.9, "
+        "but host = 'lab1' is 198.18.7.1"
+    )
+    assert error.fix == f'give only host = "lab1" (its libvirt: {LAB1_LIBVIRT}), or only uri = (no host =)'
+    local = refused(f'{LAB}{ENV}uri = "qemu:///system"\n')
+    assert "names this machine, but host = 'lab1'" in local.problem
+    # names compare as DNS names do, without case; the machine of the host's libvirt_uri counts too
+    upper = LAB.replace('address = "198.18.7.1"', 'address = "KVM1.Lab"').replace(
+        f'libvirt_uri = "{LAB1_LIBVIRT}"', 'libvirt_uri = "qemu+ssh://bench@kvm1-mgmt.lab/system"'
+    )
+    for same in ("qemu+tls://kvm1.lab/system", "qemu+tls://KVM1-MGMT.lab/system"):
+        [env] = plan(f'{upper}{ENV}uri = "{same}"\n').environments
+        assert env.options.uri == same
+    # the libvirt options are checked, and named, as the environment's
+    error = refused(f"{LAB}{ENV}vcpus = 0\n")
+    assert error.problem.startswith("environment[0] (e).vcpus: Input should be greater than or equal to 1")
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "qemu+ssh://root@h/system?no_verify=1",
+        "qemu+libssh2://root@h/system?known_hosts_verify=auto",
+        "qemu+libssh://root@h/system?known_hosts_verify=ignore",
+        "qemu+libssh2://root@h/system?known_hosts_verify=",  # not libvirt's default: refused there too
+    ],
+)
+def test_a_libvirt_uri_that_accepts_host_keys_unchecked_is_refused(uri):
+    error = refused(f'[[environment]]\nname = "e"\nkind = "libvirt"\nuri = "{uri}"\n')
+    assert "accepts a host key unchecked; virtlab checks host keys strictly" in error.problem
+    # the same from a host's libvirt_uri
+    error = refused(
+        f'[[host]]\nname = "h"\naddress = "h"\nlibvirt_uri = "{uri}"\n\n{ENV.replace("lab1", "h")}'
+    )
+    assert "accepts a host key unchecked" in error.problem
+    # checked keys are fine
+    for fine in ("qemu+ssh://root@h/system?no_verify=0", "qemu+libssh2://h/system?known_hosts_verify=normal"):
+        plan(f'[[environment]]\nname = "e"\nkind = "libvirt"\nuri = "{fine}"\n')
+
+
+def test_a_vm_on_a_remote_host_is_defined_through_its_libvirt_with_the_vm_keys():
+    [env] = plan(
+        f'{LAB}[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\nvcpus = 1\nmemory_mb = 512\n'
+        'disk_bus = "virtio-scsi"\nimage_format = "qcow2"\npin = [1]\n'
+    ).environments
+    assert (env.host, env.kind, env.cls) == ("lab1", "vm", RemoteVmEnvironment)
+    assert issubclass(env.cls, LibvirtEnvironment) and env.cls.kind == "vm"
+    assert env.options == LibvirtOptions(
+        uri=LAB1_LIBVIRT, vcpus=1, memory_mb=512, disk_bus="virtio-scsi", image_format="qcow2", pin=(1,)
+    )
+    assert env.describe()["kind"] == "vm" and env.describe()["host"] == "lab1"
+    # what a run records: a vm, through libvirt (the manifest before anything ran)
+    manifest = env.create(Path("/nonexistent")).manifest()
+    assert (manifest["kind"], manifest["through"], manifest["uri"]) == ("vm", "libvirt", LAB1_LIBVIRT)
+    # its keys are the vm kind's: libvirt's own are unknown to it
+    error = refused(f'{LAB}[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\nuri = "qemu:///system"\n')
+    assert error.problem == "environment[0] (v).uri: unknown key" and "boot_timeout_s" in error.fix
+    # a VM of its libvirt has no controls here: its QEMU is that host's process
+    error = refused(f'{LAB}[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\ncontrol.nice = 5\n')
+    assert error.problem.startswith("environment[0] (v).control: ")
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ('machine = "microvm"', "machine: a vm on a remote host (lab1) is defined through its libvirt: "
+         'libvirt defines no microvm domain: use machine = "q35" or "pc"'),
+        ('network = "bridge"', "network: a vm on a remote host (lab1) is defined through its libvirt: "
+         "libvirt's domains here use user-mode networking, not virtlab's bridge"),
+    ],
+)  # fmt: skip
+def test_a_vm_key_a_remote_host_s_libvirt_cannot_honour_is_a_plan_error(keys, problem):
+    error = refused(f'{LAB}[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\n{keys}\n')
+    assert error.problem == f"environment[0] (v).{problem}"
+    assert error.fix == "change that key, or run the VM on this machine (no host =)"
+    # on this machine the vm kind takes it
+    plan(f'[[environment]]\nname = "v"\nkind = "vm"\n{keys}\n')
+
+
+def test_a_host_whose_vms_run_in_its_libvirt_needs_its_libvirt_not_the_workloads_tools():
+    def lab(environments: str) -> Plan:
+        text = f'{LAB}[study]\nname = "s"\n\n{environments}[[workload]]\nname = "d"\nkind = "dd"\n'
+        return parse_plan(text, "lab.toml", DATA)
+
+    vm_only = lab('[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\n\n')
+    assert host_needs(vm_only) == {"lab1": []} and host_libvirt(vm_only) == {"lab1": LAB1_LIBVIRT}
+    both = lab(f'{ENV}\n[[environment]]\nname = "n"\nkind = "native"\nhost = "lab1"\nbuild = "copy"\n\n')
+    assert host_needs(both) == {"lab1": ["dd"]} and host_libvirt(both) == {"lab1": LAB1_LIBVIRT}
+    native = lab('[[environment]]\nname = "n"\nkind = "native"\nhost = "lab1"\n\n')
+    assert host_needs(native) == {"lab1": ["cc", "dd"]} and host_libvirt(native) == {}
+
+
+def test_a_libvirt_that_does_not_connect_fails_a_host_whose_vms_need_it_and_warns_otherwise():
+    failed = {"uri": "qemu+libssh2://root@h/system", "connects": False, "hostname": None,
+              "daemon_version": None, "error": "Connection refused"}  # fmt: skip
+    said = (
+        "its libvirt at qemu+libssh2://root@h/system does not connect: Connection refused; libvirtd must "
+        "run there, with virt-ssh-helper (libvirt-daemon) or nc on its PATH, and each of its host keys must "
+        "be in the known_hosts file (libvirt's SSH client may choose another key type than ssh does)"
+    )
+    facts = facts_of(privilege="root", libvirt_connection=failed)
+    assert verdict(facts, [], libvirt_required=True) == ((said,), ())
+    assert verdict(facts, []) == ((), (said,))
+    connected = {**failed, "connects": True, "error": None, "hostname": "h", "daemon_version": "9.0.0"}
+    assert verdict(facts_of(privilege="root", libvirt_connection=connected), [], libvirt_required=True) == (
+        (),
+        (),
+    )
+
+
+def test_a_libvirt_uri_that_would_accept_a_host_key_is_not_even_tried():
+    from virtlab.hosts.check import probe_libvirt
+
+    found = probe_libvirt("qemu+ssh://root@h/system?no_verify=1", timeout_s=0.001)
+    assert not found["connects"] and "accepts a host key unchecked" in found["error"]

@@ -539,7 +539,7 @@ def test_uploads_into_a_pool_runs_primes_streams_the_console_and_deletes_the_vol
         raise AssertionError(f"{error}\n{error.log}\n{libvirtd.log()}") from error
     try:
         assert env.manifest()["storage_pool"] == pool.name()
-        details = env._details["storage_pool"]["volumes"]
+        details = env.manifest()["uploads"]["volumes"]
         for role, upload in details.items():
             print(f"upload {role}: {upload['bytes'] / 2**20:.1f} MiB in {upload['upload_s']:.2f} s")
         volumes = {v.name(): v.path() for v in pool.listAllVolumes(0)}

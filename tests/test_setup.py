@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import marks
-from virtlab import doctor, network, nfs, testhost, testlibvirtd
+from virtlab import doctor, fleet, network, nfs, testhost, testlibvirtd
 from virtlab.environments import ENVIRONMENTS
 from virtlab.image.builder import IMAGE_TOOLS
 from virtlab.image.disk import DISK_TOOLS
@@ -47,6 +47,7 @@ def declared_tools() -> dict[str, str]:
         ("virtlab.network", network.TOOLS),
         ("virtlab.testhost", testhost.TOOLS),
         ("virtlab.testlibvirtd", testlibvirtd.TOOLS),
+        ("virtlab.fleet", fleet.LIBVIRT_TOOLS),
         ("the image builder", IMAGE_TOOLS),
         ("the image disk", DISK_TOOLS),
         ("virtlab doctor", doctor.TOOL_PACKAGES),

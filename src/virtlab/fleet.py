@@ -3,6 +3,7 @@
 For trying multi-host studies without a lab, and for the tests of multi-host studies::
 
     virtlab hosts fleet up 3 DIR      # fleet-1 … fleet-3, DIR/inventory.ini; --json prints the hosts
+    virtlab hosts fleet up 2 DIR --libvirt fleet-1   # fleet-1 also runs a libvirtd of its own
     virtlab hosts fleet down DIR      # everything ``up`` made is gone (idempotent)
 
 Each host is a named network namespace ``vlfleet-<id>-<i>`` (``ip netns add``: it outlives the
@@ -17,6 +18,20 @@ machine reaches the hosts through its port ``vlfleet-<id>``, which holds the sub
 Only the network and the hostname are separate: a host shares this machine's kernel, CPUs, memory,
 filesystem, users and processes, and root on a host is root on this machine. The fleet's private
 key (``DIR/id_ed25519``, mode 0600) is the only one its sshds accept.
+
+A host named with ``--libvirt`` also runs a libvirtd of its own: Debian's daemon as
+``virtlab.testlibvirtd`` starts it, in a mount namespace of its own where its state directories
+(``/etc/libvirt``, ``/run/libvirt``, ...) are ``DIR/libvirtd/fleet-<i>/…``, started inside the host
+(its network, its hostname) and left running as a daemon. The host's sshd runs in that mount
+namespace too, so a session on the host sees that daemon as the host's own libvirt, at libvirt's
+standard socket: ``qemu+libssh2://root@<address>/system?…`` from this machine reaches it through
+the host's sshd and ``virt-ssh-helper`` there, as any remote libvirt is reached (the URI is
+``virtlab_libvirt_uri`` in the inventory, the host key checked against the fleet's known_hosts).
+Its storage pool ``default`` is a directory pool in the host's workdir (``fleet-<i>/pool``), for
+the disks, kernels and initramfs that VMs upload. The QEMUs it starts live in the host's network.
+``down`` ends the daemon and its QEMUs with the host's other processes, removes the cgroups libvirt
+made for them, and its state; only the capability cache it shares with virtlab's test daemons
+(``testlibvirtd``) stays.
 
 What ``down`` needs is in ``DIR/fleet.json``, written before anything is made and again after each
 sshd starts (with its pid and start time: a reused pid is never killed), so that ``down`` also
@@ -36,7 +51,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -44,8 +59,9 @@ from typing import Annotated, TypeVar
 import typer
 
 from virtlab import network as vnet
-from virtlab import testhost
+from virtlab import testhost, testlibvirtd
 from virtlab.errors import InputError
+from virtlab.hosts import Host, derived_libvirt_uri
 
 FLEET_RANGE = ipaddress.IPv4Network("10.198.0.0/16")
 """Private (RFC 1918) and apart from virtlab's own 198.18.0.0/15; each fleet takes a /24 of it that
@@ -66,12 +82,21 @@ IDENTITY_FILE = "id_ed25519"
 KNOWN_HOSTS_FILE = "known_hosts"
 AUTHORIZED_KEYS_FILE = "authorized_keys"
 SSHD_DIR = "sshd"
+LIBVIRTD_DIR = "libvirtd"
+POOL_DIR = "pool"
+POOL_NAME = "default"
+"""The pool a VM on a remote host uploads into unless its plan names another."""
+LIBVIRT_TOOLS = {"virt-ssh-helper": "libvirt-daemon"}
+"""What a host with a libvirtd needs besides the daemon (``testlibvirtd.TOOLS``): what libvirt's
+SSH transport runs on the host to reach the daemon's socket (its fallback, ``nc -U``, would need
+netcat-openbsd)."""
 GROUP = "fleet"
 SYSTEM_PYTHON = "/usr/bin/python3"
 FORMAT_VERSION = 1
 _STOP_TIMEOUT_S = 5.0
 _SSHD_LAUNCH_TIMEOUT_S = 30.0
 _PID_FILE_TIMEOUT_S = 10.0
+_LIBVIRTD_LAUNCH_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 
@@ -81,7 +106,8 @@ class FleetError(RuntimeError):
 
 @dataclass(frozen=True)
 class FleetHost:
-    """One host of a fleet; ``sshd_pid``/``sshd_start`` are set once its sshd listens."""
+    """One host of a fleet; ``sshd_pid``/``sshd_start`` are set once its sshd listens, and
+    ``libvirtd_pid``/``libvirtd_start`` once its libvirtd (a host with ``libvirtd_dir``) answers."""
 
     name: str
     netns: str
@@ -90,6 +116,10 @@ class FleetHost:
     sshd_dir: Path
     sshd_pid: int | None = None
     sshd_start: int | None = None
+    libvirtd_dir: Path | None = None
+    """The libvirtd's state (its /etc/libvirt, /run/libvirt, ...); None: the host runs none."""
+    libvirtd_pid: int | None = None
+    libvirtd_start: int | None = None
 
     @property
     def port(self) -> int:
@@ -112,9 +142,15 @@ class FleetHost:
         """Where its UTS namespace (its hostname) is kept, as ``ip netns`` keeps a network's."""
         return REGISTRY_DIR / f"{self.netns}.uts"
 
+    @property
+    def pool_dir(self) -> Path:
+        return self.workdir / POOL_DIR
+
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside the host: its network and hostname (everything else is shared)."""
-        return ["nsenter", f"--net={NETNS_DIR / self.netns}", f"--uts={self.uts}", *argv]
+        """``argv`` run inside the host: its network and hostname (everything else is shared), and
+        the mount namespace of its libvirtd where it runs one (its /run/libvirt, ...)."""
+        mount = [f"--mount=/proc/{self.libvirtd_pid}/ns/mnt"] if self.libvirtd_pid else []
+        return ["nsenter", *mount, f"--net={NETNS_DIR / self.netns}", f"--uts={self.uts}", *argv]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -125,6 +161,9 @@ class FleetHost:
             "sshd_dir": str(self.sshd_dir),
             "sshd_pid": self.sshd_pid,
             "sshd_start": self.sshd_start,
+            "libvirtd_dir": str(self.libvirtd_dir) if self.libvirtd_dir else None,
+            "libvirtd_pid": self.libvirtd_pid,
+            "libvirtd_start": self.libvirtd_start,
         }
 
     @classmethod
@@ -137,6 +176,9 @@ class FleetHost:
             sshd_dir=Path(str(data["sshd_dir"])),
             sshd_pid=_optional_int(data.get("sshd_pid")),
             sshd_start=_optional_int(data.get("sshd_start")),
+            libvirtd_dir=Path(str(data["libvirtd_dir"])) if data.get("libvirtd_dir") else None,
+            libvirtd_pid=_optional_int(data.get("libvirtd_pid")),
+            libvirtd_start=_optional_int(data.get("libvirtd_start")),
         )
 
 
@@ -182,6 +224,18 @@ class Fleet:
             f"no host {name!r} in the fleet of {self.dir}: {', '.join(h.name for h in self.hosts)}"
         )
 
+    def libvirt_uri(self, name: str) -> str | None:
+        """The URI that reaches host ``name``'s libvirtd from this machine, or None without one:
+        the one virtlab makes of the host's SSH values (``hosts.derived_libvirt_uri``)."""
+        host = self.host(name)
+        if host.libvirtd_dir is None:
+            return None
+        entry = Host(
+            host.name, address=host.address, user=USER, port=host.port,
+            identity=self.identity_file, known_hosts=self.known_hosts,
+        )  # fmt: skip
+        return derived_libvirt_uri(entry)
+
     def ssh_command(self, name: str, argv: Sequence[str]) -> list[str]:
         """``ssh`` into host ``name`` running ``argv``, the host key checked against the fleet's;
         ``argv`` is quoted for the remote shell, which parses the command line ssh sends."""
@@ -221,7 +275,7 @@ class Fleet:
             "this_machine": str(self.root_address.ip),
             "hosts": [
                 {"name": h.name, "address": h.address, "port": h.port, "user": USER,
-                 "workdir": str(h.workdir), "netns": h.netns}
+                 "workdir": str(h.workdir), "netns": h.netns, "libvirt_uri": self.libvirt_uri(h.name)}
                 for h in self.hosts
             ],
         }  # fmt: skip
@@ -255,16 +309,31 @@ class Fleet:
 # --------------------------------------------------------------------------- up and down
 
 
-def up(count: int, directory: Path, *, sshd_options: Mapping[str, Sequence[str]] | None = None) -> Fleet:
+def up(
+    count: int,
+    directory: Path,
+    *,
+    sshd_options: Mapping[str, Sequence[str]] | None = None,
+    libvirt: Sequence[str] = (),
+) -> Fleet:
     """Start ``count`` hosts and write ``DIR/inventory.ini``, ``known_hosts``, the key, ``fleet.json``.
 
-    ``sshd_options``: more sshd_config lines for some hosts, by name (one host made different). A
-    failure part-way removes what was made before it is raised."""
+    ``sshd_options``: more sshd_config lines for some hosts, by name (one host made different);
+    ``libvirt``: the hosts that run a libvirtd of their own. A failure part-way removes what was
+    made before it is raised."""
     if not 1 <= count <= MAX_HOSTS:
         raise InputError(
             "N", f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}", f"give N from 1 to {MAX_HOSTS}"
         )
-    _check_machine()
+    names = [f"{GROUP}-{i}" for i in range(1, count + 1)]
+    for name in libvirt:
+        if name not in names:
+            raise InputError(
+                "--libvirt",
+                f"no host {name!r} in a fleet of {count}",
+                f"name one of {names[0]} … {names[-1]}",
+            )
+    _check_machine(bool(libvirt))
     directory = directory.absolute()
     old = read_fleet(directory)
     if old is not None:
@@ -277,7 +346,7 @@ def up(count: int, directory: Path, *, sshd_options: Mapping[str, Sequence[str]]
         down(directory)  # what a reboot left: files of a fleet whose namespaces are gone
     created_dir = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    fleet = _reserve(count, directory, created_dir)
+    fleet = _reserve(count, directory, created_dir, libvirt)
     try:
         _build(fleet, sshd_options or {})
     except BaseException as error:
@@ -312,26 +381,39 @@ def read_fleet(directory: Path) -> Fleet | None:
 
 
 def stop_sshd(fleet: Fleet, name: str) -> None:
-    """The host's sshd and everything running in it end (a host gone away); its network stays."""
+    """The host's sshd and everything running in it end (a host gone away: its libvirtd and VMs
+    too); its network stays."""
     host = fleet.host(name)
-    _end_processes(_namespace_processes(host.netns) + _recorded(host))
-    _update(fleet, replace(host, sshd_pid=None, sshd_start=None))
+    _end_host_processes(_namespace_processes(host.netns) + _recorded(host))
+    _update(fleet, replace(host, sshd_pid=None, sshd_start=None, libvirtd_pid=None, libvirtd_start=None))
 
 
 def start_sshd(fleet: Fleet, name: str) -> None:
-    """The host's sshd again, after ``stop_sshd``."""
+    """The host's sshd again, after ``stop_sshd`` (its libvirtd first, where it runs one)."""
+    host = fleet.host(name)
+    if host.libvirtd_dir is not None and not _running(host.libvirtd_pid, host.libvirtd_start):
+        _start_libvirtd(fleet, host)
     _start_sshd(fleet, fleet.host(name), ())
 
 
 # --------------------------------------------------------------------------- making
 
 
-def _check_machine() -> None:
+def _check_machine(libvirt: bool) -> None:
     vnet.check_host()
     testhost.check_tools()
+    if libvirt:
+        try:
+            testlibvirtd.check_can_start()
+        except testlibvirtd.TestLibvirtdError as error:
+            raise FleetError(f"a fleet host's libvirtd cannot start: {error}") from None
+        missing = {tool: package for tool, package in LIBVIRT_TOOLS.items() if not shutil.which(tool)}
+        if missing:
+            packages = " ".join(sorted(set(missing.values())))
+            raise FleetError(f"a fleet host's libvirt needs {', '.join(missing)}: apt-get install {packages}")
 
 
-def _reserve(count: int, directory: Path, created_dir: bool) -> Fleet:
+def _reserve(count: int, directory: Path, created_dir: bool, libvirt: Collection[str]) -> Fleet:
     """A new id and subnet, recorded in the registry and in ``DIR/fleet.json`` before anything exists."""
     with vnet.directory_lock(REGISTRY_DIR):
         records = list(_registry_records())
@@ -341,16 +423,22 @@ def _reserve(count: int, directory: Path, created_dir: bool) -> Fleet:
         while fleet_id in taken_ids or any(name.startswith(NAME_PREFIX + fleet_id) for name in names):
             fleet_id = secrets.token_hex(2)
         subnet = _free_subnet({ipaddress.IPv4Network(record["subnet"]) for record in records})
-        fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1))
+        fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1), libvirt)
         fleet.save()
         _write_registry(fleet)
     return fleet
 
 
 def _planned(
-    fleet_id: str, directory: Path, subnet: ipaddress.IPv4Network, created_dir: bool, numbers: Iterable[int]
+    fleet_id: str,
+    directory: Path,
+    subnet: ipaddress.IPv4Network,
+    created_dir: bool,
+    numbers: Iterable[int],
+    libvirt: Collection[str] = (),
 ) -> Fleet:
-    """The fleet's names and addresses, hosts ``fleet-<i>`` for i in ``numbers``."""
+    """The fleet's names and addresses, hosts ``fleet-<i>`` for i in ``numbers``; those named in
+    ``libvirt`` run a libvirtd."""
     fleet = Fleet(fleet_id, directory, subnet, created_dir)
     fleet.hosts = [
         FleetHost(
@@ -359,6 +447,7 @@ def _planned(
             address=str(subnet[HOST_OFFSET + i]),
             workdir=directory / f"{GROUP}-{i}",
             sshd_dir=directory / SSHD_DIR / f"{GROUP}-{i}",
+            libvirtd_dir=directory / LIBVIRTD_DIR / f"{GROUP}-{i}" if f"{GROUP}-{i}" in libvirt else None,
         )
         for i in numbers
     ]
@@ -408,7 +497,9 @@ def _build(fleet: Fleet, sshd_options: Mapping[str, Sequence[str]]) -> None:
         interface = ipaddress.IPv4Interface(f"{host.address}/{fleet.subnet.prefixlen}")
         vnet.add_veth(fleet.bridge_netns, f"p{index}", host.netns, "eth0", interface, vnet.DEFAULT_MTU)
         testhost.make_key(host.host_key, f"virtlab-{host.name}")
-        _start_sshd(fleet, host, sshd_options.get(host.name, ()))
+        if host.libvirtd_dir is not None:
+            _start_libvirtd(fleet, host)
+        _start_sshd(fleet, fleet.host(host.name), sshd_options.get(host.name, ()))
     fleet.known_hosts.write_text(
         "".join(
             testhost.known_hosts_line(h.address, h.port, h.host_key.with_suffix(".pub").read_text())
@@ -425,6 +516,40 @@ def _add_uts(host: FleetHost) -> None:
     subprocess.run(
         ["unshare", f"--uts={host.uts}", "hostname", host.name], check=True, capture_output=True, timeout=30
     )
+
+
+def _start_libvirtd(fleet: Fleet, host: FleetHost) -> None:
+    """The host's libvirtd (``testlibvirtd``'s daemon, left running in the background) and its
+    ``default`` pool in the host's workdir; recorded in fleet.json once it answers."""
+    assert host.libvirtd_dir is not None
+    pairs = testlibvirtd.prepare_state(host.libvirtd_dir, testlibvirtd.default_cache_dir())
+    pid_file = testlibvirtd.pid_path(host.libvirtd_dir)
+    pid_file.unlink(missing_ok=True)
+    # In the host (its network and hostname), in a mount namespace of its own whose mounts follow
+    # this machine's (slave: a namespace removed here is not kept alive in there). libvirtd forks
+    # into the background once set up; the command returns then.
+    # (Not the mount namespace of a libvirtd that ran before: that one has ended.)
+    fresh = replace(host, libvirtd_pid=None, libvirtd_start=None)
+    argv = fresh.command(testlibvirtd.start_argv(pairs, daemon=True, propagation="slave"))
+    launched = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=_LIBVIRTD_LAUNCH_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    pid = _read_pid(pid_file)
+    if launched.returncode != 0 or pid is None:
+        said = "\n".join(filter(None, [launched.stderr.strip(), testlibvirtd.read_log(host.libvirtd_dir)]))
+        raise FleetError(f"{host.name}: libvirtd exited with status {launched.returncode}:\n{said}")
+    start = vnet.process_start_time(pid)
+    # Recorded before it is waited for: a libvirtd that never answers is still removed by down.
+    _update(fleet, replace(host, libvirtd_pid=pid, libvirtd_start=start))
+    try:
+        testlibvirtd.wait_until_answers(
+            host.libvirtd_dir,
+            lambda: None if _running(pid, start) else f"{host.name}: libvirtd ended while starting",
+        )
+        testlibvirtd.ensure_dir_pool(testlibvirtd.socket_uri(host.libvirtd_dir), POOL_NAME, host.pool_dir)
+    except testlibvirtd.TestLibvirtdError as error:
+        raise FleetError(f"{host.name}: {error}") from None
 
 
 def _start_sshd(fleet: Fleet, host: FleetHost, extra: Sequence[str]) -> None:
@@ -457,9 +582,11 @@ def _start_sshd(fleet: Fleet, host: FleetHost, extra: Sequence[str]) -> None:
         raise FleetError(f"{host.name}: sshd exited with status {launched.returncode}:\n{said}")
 
     def ended() -> str | None:
-        # The daemon is the only process in the host (stop_sshd leaves none): when the host is
-        # empty, it died before it could listen (a bind that failed, say) and wrote no pid file.
-        return None if _namespace_processes(host.netns) else f"{host.name}: sshd ended before it listened"
+        # The daemon is the host's only sshd (stop_sshd leaves none): when there is none, it died
+        # before it could listen (a bind that failed, say) and wrote no pid file.
+        if any(_command_name(pid) == "sshd" for pid, _ in _namespace_processes(host.netns)):
+            return None
+        return f"{host.name}: sshd ended before it listened"
 
     try:
         testhost.wait_for_sshd(host.address, host.port, host.sshd_log, ended)
@@ -488,9 +615,11 @@ def inventory_text(fleet: Fleet) -> str:
         f"[{GROUP}]",
     ]
     for host in fleet.hosts:
+        uri = fleet.libvirt_uri(host.name)
         lines.append(
             f"{host.name} ansible_host={host.address} ansible_user={USER} ansible_port={host.port} "
             f"ansible_ssh_private_key_file={value(fleet.identity_file)} virtlab_workdir={value(host.workdir)}"
+            + (f" virtlab_libvirt_uri={value(uri)}" if uri else "")
         )
     # Group values are read by ansible as Python literals: repr() quotes them whatever they hold.
     ssh_args = f"-o UserKnownHostsFile={shlex.quote(str(fleet.known_hosts))} -o StrictHostKeyChecking=yes"
@@ -513,7 +642,7 @@ def _teardown(fleet: Fleet) -> None:
     doomed = [record for host in fleet.hosts for record in _recorded(host)]
     if ours:
         doomed += [record for host in fleet.hosts for record in _namespace_processes(host.netns)]
-    survivors = _end_processes(doomed)
+    survivors = _end_host_processes(doomed)
     if ours:
         namespaces = set(vnet.named_netns())
         if fleet.bridge_netns in namespaces:
@@ -558,6 +687,7 @@ def _remove_files(fleet: Fleet) -> None:
     for host in fleet.hosts:
         shutil.rmtree(host.workdir, ignore_errors=True)
     shutil.rmtree(fleet.dir / SSHD_DIR, ignore_errors=True)
+    shutil.rmtree(fleet.dir / LIBVIRTD_DIR, ignore_errors=True)
     (fleet.dir / STATE_FILE).unlink(missing_ok=True)
     if fleet.created_dir:
         try:
@@ -571,7 +701,19 @@ Process = tuple[int, int]
 
 
 def _recorded(host: FleetHost) -> list[Process]:
-    return [(host.sshd_pid, host.sshd_start)] if host.sshd_pid and host.sshd_start else []
+    recorded = [(host.sshd_pid, host.sshd_start), (host.libvirtd_pid, host.libvirtd_start)]
+    return [(pid, start) for pid, start in recorded if pid and start]
+
+
+def _running(pid: int | None, start: int | None) -> bool:
+    return pid is not None and start is not None and vnet.process_running(pid, start)
+
+
+def _command_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
 
 
 def _namespace_processes(netns: str) -> list[Process]:
@@ -592,6 +734,15 @@ def _namespace_processes(netns: str) -> list[Process]:
         if (ns.st_dev, ns.st_ino) == (target.st_dev, target.st_ino) and start is not None:
             found.append((int(entry.name), start))
     return found
+
+
+def _end_host_processes(processes: list[Process]) -> list[Process]:
+    """``_end_processes``, then the cgroups libvirt made for the QEMUs among them (a libvirtd ended
+    with its QEMUs leaves them behind); the processes that still run."""
+    cgroups = testlibvirtd.libvirt_cgroups(pid for pid, _ in processes)
+    survivors = _end_processes(processes)
+    testlibvirtd.remove_cgroups(cgroups)
+    return survivors
 
 
 def _end_processes(processes: list[Process]) -> list[Process]:
@@ -696,15 +847,26 @@ def up_command(
         Path, typer.Argument(metavar="DIR", help="where the inventory, keys and workdirs go")
     ],
     as_json: Annotated[bool, typer.Option("--json", help="print the hosts as JSON")] = False,
+    libvirt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--libvirt",
+            metavar="HOST",
+            help="this host also runs a libvirtd of its own, reached over SSH (repeatable)",
+        ),
+    ] = None,
 ) -> None:
     """Start hosts fleet-1 … fleet-N and write DIR/inventory.ini for them."""
-    fleet = _exit_on_error(lambda: up(count, directory))
+    fleet = _exit_on_error(lambda: up(count, directory, libvirt=libvirt or ()))
     if as_json:
         typer.echo(json.dumps(fleet.summary(), indent=2))
         return
     typer.echo(f"{fleet.describe()}; this machine is {fleet.root_address.ip} on it")
     for host in fleet.hosts:
         typer.echo(f"  {host.name:<10} {host.address:<15} workdir {host.workdir}")
+        uri = fleet.libvirt_uri(host.name)
+        if uri:
+            typer.echo(f"  {'':<10} libvirt {uri}")
     typer.echo(f"inventory: {fleet.inventory}")
     typer.echo(f"try: {shlex.join(fleet.ssh_command(fleet.hosts[0].name, ['hostname']))}")
     typer.echo(f"remove it: virtlab hosts fleet down {shlex.quote(str(fleet.dir))}")
@@ -731,6 +893,7 @@ def _exit_on_error(action: Callable[[], T]) -> T:
         FleetError,
         vnet.NetworkError,
         testhost.TestHostError,
+        testlibvirtd.TestLibvirtdError,
         OSError,
         subprocess.SubprocessError,
     ) as error:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -34,7 +35,16 @@ from virtlab.control.environment import plan_problems
 from virtlab.cpufreq import PowerPlanSpec
 from virtlab.environments import ENVIRONMENTS, Environment, EnvironmentOptions
 from virtlab.errors import InputError
-from virtlab.hosts import LOCAL, LOCAL_NAME, Host, HostTable, host_problem, load_inventory, ssh_options
+from virtlab.hosts import (
+    LOCAL,
+    LOCAL_NAME,
+    Host,
+    HostTable,
+    host_libvirt_uri,
+    host_problem,
+    load_inventory,
+    ssh_options,
+)
 from virtlab.hosts.guests import (
     GuestRange,
     RangeFull,
@@ -508,14 +518,6 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
     return tuple(hosts)
 
 
-# What a kind that cannot run on a remote host yet is run as instead.
-_REMOTE_INSTEAD = {
-    "vm": 'run it on this machine (no host =), or use kind = "libvirt" with uri = "{uri}" (no host =): '
-    "libvirt reaches that host itself; QEMU over QMP through SSH is not built yet",
-    "libvirt": 'remove host = and give uri = "{uri}": libvirt reaches that host itself',
-}
-
-
 def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...]) -> EnvironmentSpec:
     name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
     host = _placement(table, kind, hosts, source, where)
@@ -524,12 +526,9 @@ def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Ho
         keys = ("name", "kind", "control", "power_plan") + (() if kind == "ssh" else ("host",))
         options = _validated(cls.Options, _without(table, *keys), source, where)
     else:
-        cls = _remote_class(kind, host, source, where)
-        overrides = _without(table, "name", "kind", "control", "host", "power_plan")
-        try:
-            options = ssh_options(host, overrides, cls.Options)
-        except ValidationError as error:
-            raise _input_error(error, cls.Options, source, where) from None
+        cls, options = _remote(
+            kind, host, _without(table, "name", "kind", "control", "host", "power_plan"), source, where
+        )
     host_name = host.name if host is not None else None
     power_plan = _power_plan(table, kind, host_name, source, where)
     if "control" not in table:
@@ -585,25 +584,81 @@ def _placement(
     return None if host.is_local else host
 
 
-def _remote_class(kind: str, host: Host, source: str, where: str) -> type[Environment]:
-    """The class that runs an environment of ``kind`` on the remote ``host``, or an InputError
-    saying what to use instead."""
-    if kind == "ssh":
-        return ENVIRONMENTS.get("ssh")
-    if kind == "native":
+def _remote(
+    kind: str, host: Host, values: dict[str, Any], source: str, where: str
+) -> tuple[type[Environment], EnvironmentOptions]:
+    """The class and options that run an environment of ``kind`` on the remote ``host``, or an
+    InputError saying what to use instead."""
+    if kind in ("ssh", "native"):
         from virtlab.environments.ssh import RemoteNativeEnvironment
 
-        return RemoteNativeEnvironment
+        cls = ENVIRONMENTS.get("ssh") if kind == "ssh" else RemoteNativeEnvironment
+        try:
+            return cls, ssh_options(host, values)
+        except ValidationError as error:
+            raise _input_error(error, cls.Options, source, where) from None
     if kind == "container":
         from virtlab.environments.remote_container import RemoteContainerEnvironment
 
-        return RemoteContainerEnvironment
-    user = f"{host.user}@" if host.user else ""
-    uri = host.libvirt_uri or f"qemu+ssh://{user}{host.address}/system"
-    fix = _REMOTE_INSTEAD.get(kind, "run it on this machine (no host =)").format(host=host.name, uri=uri)
+        cls = RemoteContainerEnvironment
+        try:
+            return cls, ssh_options(host, values, cls.Options)
+        except ValidationError as error:
+            raise _input_error(error, cls.Options, source, where) from None
+    if kind == "libvirt":
+        cls = ENVIRONMENTS.get("libvirt")
+        uri = _libvirt_uri(host, values.get("uri"), source, where)
+        return cls, _validated(cls.Options, {**values, "uri": uri}, source, where)
+    if kind == "vm":
+        return _remote_vm(host, values, source, where)
+    # Every built-in kind runs on a remote host; a third-party kind does only on this machine.
     raise InputError(
-        source, f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported yet", fix
+        source,
+        f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported",
+        "run it on this machine (no host =)",
     )
+
+
+def _libvirt_uri(host: Host, given: Any, source: str, where: str) -> str:
+    """The libvirt URI of an environment on ``host``: the host's, or the environment's own ``uri``
+    when it names the same machine. A ``uri`` naming another machine would make ``host =`` say
+    one machine while the VM runs on another (the lanes, the host check and the report follow
+    ``host =``), so it is refused rather than one of the two silently winning."""
+    uri = host_libvirt_uri(host)
+    if given is None:
+        return uri
+    if not isinstance(given, str):
+        return given  # the options' validation names the wrong type
+    machines = {host.address, urlsplit(uri).hostname}
+    named = urlsplit(given).hostname
+    if named is None or named.lower() not in {m.lower() for m in machines if m}:
+        raise InputError(
+            source,
+            f"{where}.uri: {given!r} names {named or 'this machine'}, but host = {host.name!r} is "
+            f"{host.address}",
+            f'give only host = "{host.name}" (its libvirt: {uri}), or only uri = (no host =)',
+        )
+    return given
+
+
+def _remote_vm(
+    host: Host, values: dict[str, Any], source: str, where: str
+) -> tuple[type[Environment], EnvironmentOptions]:
+    """A vm on a remote host runs as a domain of that host's libvirt (``RemoteVmEnvironment``): its
+    keys are the vm kind's, checked as such, and one whose value libvirt cannot honour is refused."""
+    from virtlab.environments.libvirt import LibvirtOptions, RemoteVmEnvironment, remote_vm_problem
+
+    vm_options = _validated(ENVIRONMENTS.get("vm").Options, values, source, where)
+    problem = remote_vm_problem(vm_options)
+    if problem is not None:
+        key, why = problem
+        raise InputError(
+            source,
+            f"{where}.{key}: a vm on a remote host ({host.name}) is defined through its libvirt: {why}",
+            "change that key, or run the VM on this machine (no host =)",
+        )
+    uri = host_libvirt_uri(host)
+    return RemoteVmEnvironment, _validated(LibvirtOptions, {**values, "uri": uri}, source, where)
 
 
 def place_bridged_guests(

@@ -20,6 +20,10 @@ socket-activated by systemd on Debian and there is no systemd here; and QEMU's u
 
 The daemon gets SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG). ``stop`` ends it,
 then the QEMUs of domains still running, and removes the cgroups libvirt made for them.
+
+The pieces that outlive no process are shared with ``virtlab.fleet``, whose hosts' libvirtds outlive
+the command that started them: ``prepare_state``, ``start_argv``, ``socket_uri``, ``answers``,
+``libvirt_cgroups`` and ``remove_cgroups``, and ``ensure_dir_pool``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from virtlab.build import cache_root
@@ -68,15 +74,19 @@ QEMU_CONF = 'stdio_handler = "file"\nuser = "+0"\ngroup = "+0"\n'
 _START_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
-# Bind the private directories, then become libvirtd (same pid: the death signal stays armed).
+PID_FILE = "/run/libvirt/libvirtd.pid"
+"""As libvirtd sees it; ``<state>/run/libvirtd.pid`` outside its mount namespace."""
+# Bind the private directories (TARGET=SOURCE arguments up to "--"), then become libvirtd with the
+# arguments after it (same pid: a death signal stays armed).
 _START_SCRIPT = r"""
 set -e
-for pair in "$@"; do
-    target=${pair%%=*}; source=${pair#*=}
+while [ "$1" != "--" ]; do
+    target=${1%%=*}; source=${1#*=}; shift
     mkdir -p "$target"
     mount --bind "$source" "$target"
 done
-exec /usr/sbin/libvirtd --pid-file /run/libvirt/libvirtd.pid
+shift
+exec /usr/sbin/libvirtd "$@"
 """
 
 
@@ -91,6 +101,167 @@ def missing_tools() -> dict[str, str]:
         for tool, package in TOOLS.items()
         if not (os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool))
     }
+
+
+def check_can_start() -> None:
+    """Raise TestLibvirtdError saying why a private system libvirtd cannot start here."""
+    if os.geteuid() != 0:
+        raise TestLibvirtdError("a system-mode libvirtd (qemu:///system) and its mount namespace need root")
+    missing = missing_tools()
+    if missing:
+        packages = " ".join(sorted(set(missing.values())))
+        raise TestLibvirtdError(f"missing {', '.join(sorted(missing))}: apt-get install {packages}")
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "testlibvirtd" / "cache"
+
+
+def socket_path(directory: Path) -> Path:
+    """The daemon's read-write socket, as this machine sees it."""
+    return directory / "run" / "libvirt-sock"
+
+
+def socket_uri(directory: Path) -> str:
+    """The URI of the daemon whose state is ``directory``, reached on this machine."""
+    return f"qemu+unix:///system?socket={socket_path(directory)}"
+
+
+def pid_path(directory: Path) -> Path:
+    """Where the daemon writes its pid (``PID_FILE`` inside its mount namespace)."""
+    return directory / "run" / "libvirtd.pid"
+
+
+def log_path(directory: Path) -> Path:
+    return directory / "log" / "libvirtd.log"
+
+
+def read_log(directory: Path, limit: int = 5_000) -> str:
+    """The tails of the daemon's log and of what it printed (``libvirtd.out``)."""
+    parts = []
+    for path in (log_path(directory), directory / "libvirtd.out"):
+        text = _read(path)
+        if text.strip():
+            parts.append(f"--- {path} ---\n{text[-limit:]}")
+    return "\n".join(parts)
+
+
+def prepare_state(directory: Path, cache_dir: Path) -> list[str]:
+    """The private directories of a daemon whose state is ``directory`` (mode 0700), its
+    configuration written; the TARGET=SOURCE pairs that ``start_argv`` binds."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    sources = {target: directory / name for target, name in STATE_DIRS.items()}
+    sources["/var/cache/libvirt"] = cache_dir
+    for source in sources.values():
+        source.mkdir(parents=True, exist_ok=True)
+    (directory / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
+    (directory / "etc" / "qemu.conf").write_text(QEMU_CONF)
+    socket_path(directory).unlink(missing_ok=True)
+    return [f"{target}={source}" for target, source in sources.items()]
+
+
+def start_argv(pairs: list[str], *, daemon: bool, propagation: str = "private") -> list[str]:
+    """A mount namespace of its own with ``pairs`` bound in it, then libvirtd. ``daemon``: it forks
+    into the background (the command returns once the daemon is set up; its pid is in
+    ``pid_path``); ``propagation``: of the mounts it copies (slave: this machine's unmounts reach it)."""
+    libvirtd_args = ["--pid-file", PID_FILE, *(["--daemon"] if daemon else [])]
+    return ["unshare", "--mount", "--propagation", propagation,
+            "sh", "-c", _START_SCRIPT, "start-libvirtd", *pairs, "--", *libvirtd_args]  # fmt: skip
+
+
+def answers(directory: Path) -> bool:
+    """Whether the daemon whose state is ``directory`` answers a call (its drivers are up)."""
+    try:
+        import libvirt
+    except ImportError:  # the socket accepting is as far as this check goes without the binding
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(str(socket_path(directory)))
+            except OSError:
+                return False
+        return True
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    try:
+        conn = libvirt.open(socket_uri(directory))
+    except libvirt.libvirtError:
+        return False
+    try:
+        conn.getLibVersion()
+        return True
+    except libvirt.libvirtError:
+        return False
+    finally:
+        conn.close()
+
+
+def wait_until_answers(
+    directory: Path, ended: Callable[[], str | None], timeout_s: float = _START_TIMEOUT_S
+) -> None:
+    """Returns once the daemon answers; raises TestLibvirtdError with its log when ``ended()`` says
+    why it is gone (None while it may still come) or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not answers(directory):
+        reason = ended()
+        if reason is not None:
+            raise TestLibvirtdError(f"{reason}\n{read_log(directory)}")
+        if time.monotonic() > deadline:
+            raise TestLibvirtdError(f"libvirtd did not answer within {timeout_s:g} s\n{read_log(directory)}")
+        time.sleep(0.05)
+
+
+def ensure_dir_pool(uri: str, name: str, path: Path) -> None:
+    """A persistent, autostarted directory pool ``name`` at ``path``, active (what ``virsh
+    pool-define-as NAME dir --target PATH``, ``pool-build``, ``pool-autostart`` and ``pool-start``
+    make); one that exists already is only started if it is not running."""
+    import libvirt
+
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    element = ET.Element("pool", type="dir")
+    ET.SubElement(element, "name").text = name
+    ET.SubElement(ET.SubElement(element, "target"), "path").text = str(path)
+    conn = libvirt.open(uri)
+    try:
+        try:
+            pool = conn.storagePoolLookupByName(name)
+        except libvirt.libvirtError:
+            pool = conn.storagePoolDefineXML(ET.tostring(element, encoding="unicode"), 0)
+            pool.build(0)
+            pool.setAutostart(1)
+        if not pool.isActive():
+            pool.create(0)
+    except libvirt.libvirtError as error:
+        message = error.get_error_message()
+        raise TestLibvirtdError(f"storage pool {name!r} at {path}: {message}") from None
+    finally:
+        conn.close()
+
+
+def libvirt_cgroups(pids: Iterable[int]) -> set[Path]:
+    """The cgroups libvirt made for the QEMUs among ``pids`` (``….libvirt-qemu``), every controller."""
+    cgroups: set[Path] = set()
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            continue  # ended meanwhile
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if path.endswith(".libvirt-qemu") or ".libvirt-qemu/" in path:
+                head = path.split(".libvirt-qemu")[0] + ".libvirt-qemu"
+                for controller in controllers.split(",") if controllers else ["unified"]:
+                    cgroups.add(Path("/sys/fs/cgroup") / controller.replace("name=", "") / head.lstrip("/"))
+    return cgroups
+
+
+def remove_cgroups(cgroups: Iterable[Path]) -> None:
+    """Remove the (emptied) cgroups and the groups under them, deepest first."""
+    for group in sorted(cgroups, key=lambda p: len(p.parts), reverse=True):
+        for sub in sorted(group.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
 
 
 def _read(path: Path) -> str:
@@ -120,7 +291,7 @@ class TestLibvirtd:
         """``directory``: where its state goes (default a fresh temporary one, removed by ``stop``
         unless ``keep``); ``cache_dir``: its /var/cache/libvirt (default under virtlab's cache)."""
         self._given_dir = Path(directory) if directory is not None else None
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_root() / "testlibvirtd" / "cache"
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.keep = keep or directory is not None
         self.dir: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -128,30 +299,24 @@ class TestLibvirtd:
 
     @property
     def socket_path(self) -> Path:
-        if self.dir is None:
-            raise TestLibvirtdError("the test libvirtd is not running")
-        return self.dir / "run" / "libvirt-sock"
+        return socket_path(self._running_dir())
 
     @property
     def uri(self) -> str:
-        return f"qemu+unix:///system?socket={self.socket_path}"
+        return socket_uri(self._running_dir())
 
     @property
     def log_path(self) -> Path:
+        return log_path(self._running_dir())
+
+    def _running_dir(self) -> Path:
         if self.dir is None:
             raise TestLibvirtdError("the test libvirtd is not running")
-        return self.dir / "log" / "libvirtd.log"
+        return self.dir
 
     def log(self, limit: int = 5_000) -> str:
         """The tails of libvirtd's log and of what it printed."""
-        if self.dir is None:
-            return ""
-        parts = []
-        for path in (self.log_path, self.dir / "libvirtd.out"):
-            text = _read(path)
-            if text.strip():
-                parts.append(f"--- {path} ---\n{text[-limit:]}")
-        return "\n".join(parts)
+        return read_log(self.dir, limit) if self.dir is not None else ""
 
     def domain_log(self, domain: str) -> str:
         """What libvirtd and QEMU wrote about one domain (its /var/log/libvirt/qemu/<name>.log)."""
@@ -159,31 +324,13 @@ class TestLibvirtd:
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> TestLibvirtd:
-        if os.geteuid() != 0:
-            raise TestLibvirtdError(
-                "a system-mode libvirtd (qemu:///system) and its mount namespace need root"
-            )
-        missing = missing_tools()
-        if missing:
-            packages = " ".join(sorted(set(missing.values())))
-            raise TestLibvirtdError(f"missing {', '.join(sorted(missing))}: apt-get install {packages}")
+        check_can_start()
         self.dir = self._given_dir or Path(tempfile.mkdtemp(prefix="virtlab-libvirtd-"))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o700)
-        sources = {target: self.dir / name for target, name in STATE_DIRS.items()}
-        sources["/var/cache/libvirt"] = self.cache_dir
-        for source in sources.values():
-            source.mkdir(parents=True, exist_ok=True)
-        (self.dir / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
-        (self.dir / "etc" / "qemu.conf").write_text(QEMU_CONF)
-        self.socket_path.unlink(missing_ok=True)
-        pairs = [f"{target}={source}" for target, source in sources.items()]
-        argv = ["unshare", "--mount", "--propagation", "private",
-                "sh", "-c", _START_SCRIPT, "start-libvirtd", *pairs]  # fmt: skip
+        pairs = prepare_state(self.dir, self.cache_dir)
         with open(self.dir / "libvirtd.out", "wb") as out:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_arm_death_signal,
+                start_argv(pairs, daemon=False), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_arm_death_signal,
             )  # fmt: skip
         try:
             self._wait_ready()
@@ -193,44 +340,16 @@ class TestLibvirtd:
         return self
 
     def _wait_ready(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None:
-                raise TestLibvirtdError(
-                    f"libvirtd exited with status {self.process.returncode} while starting\n{self.log()}"
-                )
-            if self._answers():
-                break
-            if time.monotonic() > deadline:
-                raise TestLibvirtdError(
-                    f"libvirtd did not answer within {_START_TIMEOUT_S:g} s\n{self.log()}"
-                )
-            time.sleep(0.05)
-        self._mount_ns = os.stat(f"/proc/{self.process.pid}/ns/mnt").st_ino
+        process = self.process
+        assert process is not None and self.dir is not None
 
-    def _answers(self) -> bool:
-        try:
-            import libvirt
-        except ImportError:  # the socket accepting is as far as this check goes without the binding
-            with socket.socket(socket.AF_UNIX) as sock:
-                try:
-                    sock.connect(str(self.socket_path))
-                except OSError:
-                    return False
-            return True
-        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-        try:
-            conn = libvirt.open(self.uri)
-        except libvirt.libvirtError:
-            return False
-        try:
-            conn.getLibVersion()
-            return True
-        except libvirt.libvirtError:
-            return False
-        finally:
-            conn.close()
+        def ended() -> str | None:
+            if process.poll() is None:
+                return None
+            return f"libvirtd exited with status {process.returncode} while starting"
+
+        wait_until_answers(self.dir, ended)
+        self._mount_ns = os.stat(f"/proc/{process.pid}/ns/mnt").st_ino
 
     def processes(self) -> list[int]:
         """PIDs of libvirtd and of the QEMUs it started.
@@ -278,29 +397,16 @@ class TestLibvirtd:
     def _kill_leftovers(self) -> None:
         """QEMUs of domains nobody destroyed outlive libvirtd: end them, then their cgroups."""
         pids = self.processes()
-        cgroups: set[Path] = set()
+        cgroups = libvirt_cgroups(pids)
         for pid in pids:
             try:
-                for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-                    _, controllers, path = line.split(":", 2)
-                    if path.endswith(".libvirt-qemu") or ".libvirt-qemu/" in path:
-                        head = path.split(".libvirt-qemu")[0] + ".libvirt-qemu"
-                        for controller in controllers.split(",") if controllers else ["unified"]:
-                            cgroups.add(
-                                Path("/sys/fs/cgroup") / controller.replace("name=", "") / head.lstrip("/")
-                            )
                 os.kill(pid, signal.SIGKILL)
-            except (OSError, ValueError):
+            except OSError:
                 continue
         deadline = time.monotonic() + 10
         while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for group in sorted(cgroups, key=lambda p: len(p.parts), reverse=True):
-            for sub in sorted(group.glob("**/"), key=lambda p: len(p.parts), reverse=True):
-                try:
-                    sub.rmdir()
-                except OSError:
-                    pass
+        remove_cgroups(cgroups)
 
     def __enter__(self) -> TestLibvirtd:
         return self.start()

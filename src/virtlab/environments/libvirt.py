@@ -27,13 +27,19 @@ stream, so a sparse raw disk sends only its data), the domain names the volumes'
 serial console is a pty that libvirt streams back (``virDomainOpenConsole``) into the local
 ``console.log``. A volume's name carries its owner (``volume_name``), so that
 ``cleanup_leftovers`` also deletes the volumes of a virtlab that died; teardown deletes them.
+The manifest's ``uploads`` gives each volume's name, path on the host, size and upload time.
+
+A remote host of the plan (``host = NAME``) gives the URI (``virtlab.hosts.host_libvirt_uri``), for
+this kind and for ``kind = "vm"`` there (``RemoteVmEnvironment``: the vm keys, defined through that
+host's libvirt). A URI that would accept a host key unchecked is refused (``uri_problem``).
 
 QEMU runs as the caller's user and group for a local URI (a static DAC label, no relabelling of
 the shared image's files); as the host's configured user for a remote one.
 
 Accelerator: for a local URI, KVM only when ``virtlab.accel.probe_kvm`` saw guest code run under
 it (``<domain type='kvm'>``), else TCG (``type='qemu'``); for a remote URI, what that host's
-libvirt offers (domain capabilities), since the probe cannot boot there.
+libvirt offers (domain capabilities), since the probe cannot boot there: a host whose /dev/kvm
+exists but cannot run guests (nested KVM here) needs ``accel = "tcg"`` in the plan.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, model_validator
 
@@ -124,11 +130,9 @@ class LibvirtOptions(VmOptions):
 
     @model_validator(mode="after")
     def _libvirt_consistent(self) -> LibvirtOptions:
-        scheme = urlsplit(self.uri).scheme
-        if scheme.split("+")[0] != "qemu":
-            raise ValueError(
-                f"uri {self.uri!r}: virtlab drives QEMU through libvirt, so qemu[+transport]://..."
-            )
+        problem = uri_problem(self.uri)
+        if problem is not None:
+            raise ValueError(problem)
         if self.machine == "microvm":
             raise ValueError('libvirt does not define microvm domains: use machine "q35" or "pc"')
         if self.network == "bridge":
@@ -150,6 +154,44 @@ class LibvirtOptions(VmOptions):
         if self.storage_pool and re.search(r"[/\s]", self.storage_pool):
             raise ValueError(f"storage_pool {self.storage_pool!r}: a libvirt pool name has no '/' or spaces")
         return self
+
+
+# URI parameters that make libvirt accept a host key it does not know (or check none).
+_AUTO_ACCEPT = {
+    "no_verify": lambda value: value not in ("", "0"),
+    "known_hosts_verify": lambda value: value != "normal",
+}
+
+
+def uri_problem(uri: str) -> str | None:
+    """Why virtlab does not connect to ``uri`` (not QEMU's driver; a host key accepted unchecked:
+    virtlab reaches every host with strict host key checking), or None."""
+    parts = urlsplit(uri)
+    if parts.scheme.split("+")[0] != "qemu":
+        return f"uri {uri!r}: virtlab drives QEMU through libvirt, so qemu[+transport]://..."
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _AUTO_ACCEPT and _AUTO_ACCEPT[key](value):
+            return (
+                f"uri {uri!r}: {key}={value} accepts a host key unchecked; virtlab checks host keys "
+                "strictly: remove it (an unknown key belongs in the known_hosts file, checked by hand)"
+            )
+    return None
+
+
+REMOTE_VM_REFUSED = {
+    "machine": ("microvm", 'libvirt defines no microvm domain: use machine = "q35" or "pc"'),
+    "network": ("bridge", "libvirt's domains here use user-mode networking, not virtlab's bridge"),
+}
+"""The values of vm keys that a vm on a remote host, defined through that host's libvirt, cannot
+honour: key -> (value, why). Every other vm key has its libvirt equivalent (``domain_xml``)."""
+
+
+def remote_vm_problem(options: VmOptions) -> tuple[str, str] | None:
+    """(key, why) of the first vm option a remote host's libvirt cannot honour, or None."""
+    for key, (value, why) in REMOTE_VM_REFUSED.items():
+        if getattr(options, key) == value:
+            return key, why
+    return None
 
 
 def upload_pool(options: LibvirtOptions) -> str | None:
@@ -650,6 +692,26 @@ def connect(uri: str) -> Any:
         raise EnvironmentError_(f"libvirt at {uri} cannot be reached: {error.get_error_message()}") from error
 
 
+def daemon_facts(uri: str) -> dict[str, str]:
+    """The hostname and versions of the libvirt at ``uri``, over a connection of its own; an
+    EnvironmentError_ when it cannot be reached or does not answer."""
+    libvirt = _libvirt()
+    conn = connect(uri)
+    try:
+        return {
+            "hostname": conn.getHostname(),
+            "daemon_version": _version(conn.getLibVersion()),
+            "hypervisor_version": _version(conn.getVersion()),
+        }
+    except libvirt.libvirtError as error:
+        raise EnvironmentError_(f"libvirt at {uri} does not answer: {error.get_error_message()}") from error
+    finally:
+        try:
+            conn.close()
+        except libvirt.libvirtError:
+            pass
+
+
 def _version(number: int) -> str:
     return f"{number // 1_000_000}.{number // 1000 % 1000}.{number % 1000}"
 
@@ -791,6 +853,12 @@ class LibvirtEnvironment(GuestVmEnvironment):
         self._console: ConsoleStream | None = None
 
     # -- checks before anything runs -----------------------------------------------------
+    @classmethod
+    def remote_host_needs(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        # The workloads run in the guest, from its image; what the host must offer is its libvirt,
+        # which the host check reaches as the study will (``hosts.check.probe_libvirt``).
+        return []
+
     @classmethod
     def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
         assert isinstance(options, LibvirtOptions)
@@ -959,7 +1027,8 @@ class LibvirtEnvironment(GuestVmEnvironment):
                 "bytes": Path(path).stat().st_size,
                 "upload_s": round(time.monotonic() - started, 3),
             }
-        self._details["storage_pool"] = {"pool": pool_name, "volumes": uploads}
+        # "uploads", not "storage_pool": the manifest's storage_pool names the pool alone.
+        self._details["uploads"] = {"pool": pool_name, "volumes": uploads}
         if self._disk is not None:  # the target host has its own copy now
             self._disk.unlink(missing_ok=True)
             self._disk = None
@@ -1131,3 +1200,21 @@ def _find_qemu(name: str) -> int | None:
         ):
             return int(entry.name)
     return None
+
+
+class RemoteVmEnvironment(LibvirtEnvironment):
+    """``kind = "vm"`` with ``host =`` a remote host of the plan: the same guest, options and
+    commands, defined as a domain of that host's libvirt (its ``libvirt_uri``, or one made of its
+    SSH values), since QEMU there is driven through libvirt rather than over QMP through SSH. The
+    manifest says so (``through``). Not registered: its kind is vm, and the plan chooses this class
+    when a vm environment names a remote host."""
+
+    kind = "vm"
+    summary = "a VM on a remote host of the plan, defined through that host's libvirt"
+
+    @property
+    def label(self) -> str:
+        return f"VM {self.name} (through libvirt at {self.options.uri})"
+
+    def manifest(self) -> dict[str, Any]:
+        return {**super().manifest(), "through": "libvirt"}

@@ -5,7 +5,17 @@
 
 from virtlab.hosts.inventory import load_inventory
 from virtlab.hosts.model import LOCAL, LOCAL_NAME, Host
-from virtlab.hosts.remote import host_problem, ssh_options
+from virtlab.hosts.remote import derived_libvirt_uri, host_libvirt_uri, host_problem, ssh_options
 from virtlab.hosts.tables import HostTable
 
-__all__ = ["LOCAL", "LOCAL_NAME", "Host", "HostTable", "host_problem", "load_inventory", "ssh_options"]
+__all__ = [
+    "LOCAL",
+    "LOCAL_NAME",
+    "Host",
+    "HostTable",
+    "derived_libvirt_uri",
+    "host_libvirt_uri",
+    "host_problem",
+    "load_inventory",
+    "ssh_options",
+]

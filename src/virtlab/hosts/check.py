@@ -14,6 +14,11 @@ probed for real, as ``virtlab doctor`` probes it here (``virtlab.hosts.kvm``: th
 sector under KVM and TCG with the host's QEMU): it works, fails with "emulation failure" (nested
 KVM), runs by emulation only, or is absent, with the reason; a check that need not know (``virtlab
 run`` for hosts without VMs) only sees whether /dev/kvm exists ("present, not probed").
+
+Where a host has a libvirt to use (the URI the plan's VMs on it connect to, else the host's own
+``libvirt_uri``), this machine connects to it as a study would (``probe_libvirt``: the same call,
+the host key checked strictly) and reads its hostname and version. One that does not connect fails
+a host whose VMs need it, and is a warning otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +56,8 @@ CHECK_TIMEOUT_S = 60.0
 CLOCK_ROUNDS = 8
 CLOCK_TOLERANCE_S = 0.5
 """A host whose clock is further off than this (beyond the uncertainty) gets a warning."""
+LIBVIRT_TIMEOUT_S = 30.0
+"""How long a libvirt connection may take, on top of the SSH session's own deadline."""
 BASE_TOOLS = ("runc", "virsh", "cc")
 """Looked for on every host: containers, libvirt, and the C compiler that builds the kernels there."""
 _END = b"\n== end\n"
@@ -116,23 +124,34 @@ def check_hosts(
     max_parallel: int = MAX_PARALLEL,
     timeout_s: float = CHECK_TIMEOUT_S,
     probe_kvm: bool = True,
+    libvirt: Mapping[str, str] | None = None,
 ) -> list[HostCheck]:
     """Every host checked at once (at most ``max_parallel`` at a time), in the order given.
     ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have;
-    ``probe_kvm``: boot the KVM probe there (a few seconds), or only see whether /dev/kvm exists."""
+    ``probe_kvm``: boot the KVM probe there (a few seconds), or only see whether /dev/kvm exists;
+    ``libvirt``: the libvirt URI that must connect for each host whose VMs use it."""
     if not hosts:
         return []
+    required = libvirt or {}
 
-    def check(host: Host) -> HostCheck:
-        return check_host(host, tools.get(host.name, ()), needs.get(host.name, ()), timeout_s, probe_kvm)
+    def one(host: Host) -> HostCheck:
+        wanted, needed = tools.get(host.name, ()), needs.get(host.name, ())
+        return check_host(host, wanted, needed, timeout_s, probe_kvm, required.get(host.name))
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
-        return list(pool.map(check, hosts))
+        return list(pool.map(one, hosts))
 
 
 def check_host(
-    host: Host, tools: Sequence[str], needs: Sequence[str], timeout_s: float, probe_kvm: bool = True
+    host: Host,
+    tools: Sequence[str],
+    needs: Sequence[str],
+    timeout_s: float,
+    probe_kvm: bool = True,
+    libvirt_uri: str | None = None,
 ) -> HostCheck:
+    """One host; ``libvirt_uri``: a libvirt there that must connect (without it, the host's own
+    ``libvirt_uri`` is tried, and only warned about)."""
     started = time.monotonic()
     looked_for = sorted({*BASE_TOOLS, *tools, *needs})
     probe = ["probe", *looked_for, "--", *probe_args()] if probe_kvm else ["skip", *looked_for, "--"]
@@ -161,7 +180,9 @@ def check_host(
         session.finish()
     finally:
         session.close()
-    problems, warnings = verdict(facts, needs)
+    uri = libvirt_uri or host.libvirt_uri
+    facts["libvirt_connection"] = probe_libvirt(uri, LIBVIRT_TIMEOUT_S) if uri else None
+    problems, warnings = verdict(facts, needs, libvirt_required=libvirt_uri is not None)
     return HostCheck(host, True, facts, problems, warnings, time.monotonic() - started)
 
 
@@ -170,6 +191,38 @@ def host_record(check: HostCheck) -> dict[str, Any]:
     facts its check read (None when it could not be reached) and why not."""
     return {**check.host.to_dict(), "facts": check.facts if check.reached else None,
             "problems": list(check.problems)}  # fmt: skip
+
+
+def probe_libvirt(uri: str, timeout_s: float) -> dict[str, Any]:
+    """Whether the libvirt at ``uri`` connects from here, as a study's VMs connect (the same call,
+    host key checked strictly), with its hostname and version; a URI that would accept a host key
+    unchecked is not tried. A connection that takes longer than ``timeout_s`` is left to its
+    thread (libvirt cannot abandon one) and reported as no answer."""
+    from virtlab.environments import EnvironmentError_
+    from virtlab.environments.libvirt import daemon_facts, uri_problem
+
+    found: dict[str, Any] = {
+        "uri": uri, "connects": False, "hostname": None, "daemon_version": None, "error": None
+    }  # fmt: skip
+    problem = uri_problem(uri)
+    if problem is not None:
+        return {**found, "error": problem}
+    answer: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            facts = daemon_facts(uri)
+        except EnvironmentError_ as error:
+            answer["error"] = str(error)
+            return
+        answer.update(connects=True, hostname=facts["hostname"], daemon_version=facts["daemon_version"])
+
+    thread = threading.Thread(target=attempt, name=f"libvirt-check-{uri}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return {**found, "error": f"no answer within {timeout_s:g} s"}
+    return {**found, **answer}
 
 
 def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
@@ -235,14 +288,25 @@ def _clock(session: _Session) -> dict[str, Any]:
     return {"clock_offset_s": round(best[1], 6), "clock_uncertainty_s": round(best[0] / 2e9, 6)}
 
 
-def verdict(facts: dict[str, Any], needs: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """A reached host's problems (it fails) and warnings, from its facts and what it ``needs``."""
+def verdict(
+    facts: dict[str, Any], needs: Sequence[str], libvirt_required: bool = False
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A reached host's problems (it fails) and warnings, from its facts and what it ``needs``
+    (``libvirt_required``: the plan's VMs use its libvirt, so it must connect)."""
     problems, warnings = [], []
     missing = sorted(tool for tool in needs if not facts["tools"].get(tool))
     if missing:
         problems.append(
             f"missing what the plan runs there: {', '.join(missing)}; install it on that host "
             "(or place those environments elsewhere)"
+        )
+    connection = facts.get("libvirt_connection")
+    if connection is not None and not connection["connects"]:
+        (problems if libvirt_required else warnings).append(
+            f"its libvirt at {connection['uri']} does not connect: {connection['error']}; "
+            "libvirtd must run there, with virt-ssh-helper (libvirt-daemon) or nc on its PATH, and "
+            "each of its host keys must be in the known_hosts file (libvirt's SSH client may choose "
+            "another key type than ssh does)"
         )
     if facts["privilege"] == "none":
         warnings.append(
@@ -354,7 +418,7 @@ def render(checks: Sequence[HostCheck], console: Console) -> None:
         caption_justify="left",
     )
     for column in ("host", "result", "reached as", "privilege", "CPU", "memory", "NUMA", "kvm", "runc",
-                   "virsh", "tools", "clock"):  # fmt: skip
+                   "libvirt", "tools", "clock"):  # fmt: skip
         table.add_column(column)
     for check in checks:
         result = "[green]ok[/green]" if check.ok else "[red]FAIL[/red]"
@@ -373,22 +437,39 @@ def render(checks: Sequence[HostCheck], console: Console) -> None:
             str(f["numa_nodes"] or "?"),
             f["kvm"],
             "yes" if f["runc"] else "no",
-            "yes" if f["libvirt"] else "no",
+            _libvirt_text(f),
             f"{found}/{len(f['tools'])}",
             _offset_text(f["clock_offset_s"], f["clock_uncertainty_s"]),
         )
     console.print(table)
     for check in checks:
+        connection = check.facts.get("libvirt_connection")
+        if connection is not None and connection["connects"]:
+            console.print(
+                f"{check.host.name}: libvirt {connection['uri']} connects: libvirtd "
+                f"{connection['daemon_version']} on {connection['hostname']}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
         missing = [tool for tool, path in check.facts.get("tools", {}).items() if not path]
         if missing:
             console.print(f"{check.host.name}: not found: {', '.join(missing)}", highlight=False)
         for problem in check.problems:
-            console.print(f"[red]{check.host.name}[/red]: {problem}", highlight=False)
+            console.print(f"[red]{check.host.name}[/red]: {escape(problem)}", highlight=False)
         for warning in check.warnings:
-            console.print(f"[yellow]{check.host.name}[/yellow]: {warning}", highlight=False)
+            console.print(f"[yellow]{check.host.name}[/yellow]: {escape(warning)}", highlight=False)
         if check.facts.get("kvm_reason"):
             said = escape(f"{check.host.name}: KVM {check.facts['kvm']}: {check.facts['kvm_reason']}")
             console.print(said, highlight=False)
+
+
+def _libvirt_text(facts: dict[str, Any]) -> str:
+    """The libvirt column: whether its URI connects, else whether virsh is there at all."""
+    connection = facts.get("libvirt_connection")
+    if connection is not None:
+        return "connects" if connection["connects"] else "[red]fails[/red]"
+    return "virsh" if facts["libvirt"] else "no"
 
 
 def _offset_text(offset: float | None, uncertainty: float | None) -> str:

@@ -1,11 +1,17 @@
 """How a remote host is reached: the options of virtlab's SSH machinery (``environments.ssh``) for
 it. Both the ssh kind and a native environment on a remote host start from these; an
-environment's own options win over the host's."""
+environment's own options win over the host's. Its libvirt (``host_libvirt_uri``): the host's
+``libvirt_uri``, or one made of the same SSH values (``derived_libvirt_uri``).
+"""
 
 from __future__ import annotations
 
+import getpass
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, ValidationError
 
@@ -70,3 +76,52 @@ def host_problem(host: Host) -> str | None:
         message = first["msg"].removeprefix("Value error, ")
         return f"{key}: {message} (got {first.get('input')!r})"
     return None
+
+
+LIBVIRT_TRANSPORT = "qemu+libssh2"
+"""libvirt's own SSH client (libssh2): of libvirt 9.0's SSH transports, the one that takes the
+host's known_hosts file. ``qemu+ssh`` runs the ssh program, which checks the user's known_hosts and
+ssh_config instead (it has no known_hosts parameter); ``qemu+libssh`` (libssh 0.10) hung here on a
+reply of 9 KB (getDomainCapabilities)."""
+
+
+def derived_libvirt_uri(host: Host) -> str:
+    """The libvirt URI of a remote host that gives none, made of its SSH values::
+
+        qemu+libssh2://USER@ADDRESS[:PORT]/system?keyfile=IDENTITY&known_hosts=KNOWN_HOSTS
+            &known_hosts_verify=normal&sshauth=privkey
+
+    The host key is checked against the host's known_hosts, strictly: ``normal`` asks the caller
+    to accept an unknown key, and virtlab's connections give libvirt no way to ask (no auth
+    callback), so an unknown key is refused, as a changed one always is. libssh2 chooses the key
+    type itself (ECDSA before Ed25519, unlike OpenSSH): a file holding only another type's key of
+    the host refuses it as changed, so it must list every type the host offers. Without an identity,
+    ssh's default keys and the agent (``sshauth=agent,privkey``). Paths are absolute (libvirt's
+    rule), ``~`` expanded for this machine's user, who makes the connection; the user is always
+    named (libvirt's SSH clients default to root, ssh to the local user).
+    """
+    if host.address is None:
+        raise ValueError(f"host {host.name!r} is this machine: it has no remote libvirt")
+    user = host.user or getpass.getuser()
+    address = f"[{host.address}]" if ":" in host.address else host.address
+    port = "" if host.port == 22 else f":{host.port}"
+    query: list[tuple[str, str]] = []
+    if host.identity is not None:
+        query.append(("keyfile", _absolute(host.identity)))
+    query += [
+        ("known_hosts", _absolute(host.known_hosts)),
+        ("known_hosts_verify", "normal"),
+        ("sshauth", "privkey" if host.identity is not None else "agent,privkey"),
+    ]
+    return f"{LIBVIRT_TRANSPORT}://{quote(user, safe='')}@{address}{port}/system?" + urlencode(
+        query, quote_via=quote, safe="/,"
+    )
+
+
+def host_libvirt_uri(host: Host) -> str:
+    """The URI of ``host``'s libvirt: its ``libvirt_uri``, else ``derived_libvirt_uri``."""
+    return host.libvirt_uri or derived_libvirt_uri(host)
+
+
+def _absolute(path: Path) -> str:
+    return os.path.abspath(path.expanduser())

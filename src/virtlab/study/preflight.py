@@ -88,17 +88,34 @@ def host_needs(plan: Plan) -> dict[str, list[str]]:
     return {host: sorted(set(wanted)) for host, wanted in needs.items()}
 
 
+def host_libvirt(plan: Plan) -> dict[str, str]:
+    """Each host whose libvirt the plan's VMs use -> the URI they connect to (the first, where two
+    environments give the same machine different URIs)."""
+    from virtlab.environments.libvirt import LibvirtOptions
+
+    uris: dict[str, str] = {}
+    for env in plan.environments:
+        if env.host is not None and isinstance(env.options, LibvirtOptions):
+            uris.setdefault(env.host, env.options.uri)
+    return uris
+
+
 def host_problems(plan: Plan) -> list[str]:
     """Every host the plan uses checked at once before anything runs (``virtlab hosts check``):
-    one that cannot be reached, whose key does not match, or that lacks a program is refused here,
-    not found out as a failed environment after the other hosts' set-up."""
+    one that cannot be reached, whose key does not match, that lacks a program, or whose libvirt
+    the plan's VMs cannot reach is refused here, not found out as a failed environment after the
+    other hosts' set-up."""
     needs = host_needs(plan)
     if not needs:
         return []
     # The KVM probe costs seconds a host: only for hosts where the plan runs VMs.
     vm_hosts = {env.host for env in plan.environments if env.kind in ("vm", "libvirt")}
     checks = check_hosts(
-        [plan.host(name) for name in needs], needs, needs, probe_kvm=bool(vm_hosts & set(needs))
+        [plan.host(name) for name in needs],
+        needs,
+        needs,
+        probe_kvm=bool(vm_hosts & set(needs)),
+        libvirt=host_libvirt(plan),
     )
     return [f"host {check.host.name!r}: {'; '.join(check.problems)}" for check in checks if not check.ok]
 
