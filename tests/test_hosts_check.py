@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,10 @@ def inventory(directory: Path, fleet, known: dict[int, Path] | None = None) -> P
     path = directory / "inventory.ini"
     path.write_text("\n".join(lines))
     return path
+
+
+# A host that is down is found out at once, not after the CHECK_TIMEOUT_S (60 s) a hung session takes.
+DEAD_HOST_BOUND_S = 20
 
 
 def check_json(source: Path, kvm_probe: bool = False) -> tuple[int, dict]:
@@ -86,9 +89,7 @@ def test_a_host_whose_sshd_is_gone_fails_with_the_reason_and_the_others_pass(fle
     source = inventory(tmp_path, fleet)
     fleet[1].stop_sshd()
     try:
-        started = time.monotonic()
         status, hosts = check_json(source)
-        assert time.monotonic() - started < 30
         table = virtlab("hosts", "check", str(source), timeout=120)
     finally:
         fleet[1].start_sshd()
@@ -96,6 +97,8 @@ def test_a_host_whose_sshd_is_gone_fails_with_the_reason_and_the_others_pass(fle
     assert hosts["fleet-1"]["ok"] and hosts["here"]["ok"]
     down = hosts["fleet-2"]
     assert not down["ok"] and not down["reached"] and not down["facts"]
+    # its own check's time, not the `virtlab` start around it (49 s once at load 15)
+    assert down["elapsed_s"] < DEAD_HOST_BOUND_S
     [reason] = down["problems"]
     assert reason.startswith(
         f"host does not answer: no SSH service reachable at {fleet[1].user}@{fleet[1].address}:22"

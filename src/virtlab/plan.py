@@ -664,7 +664,8 @@ def _remote_vm(
 def place_bridged_guests(
     environments: Sequence[EnvironmentSpec], hosts: Sequence[Host], source: str
 ) -> tuple[EnvironmentSpec, ...]:
-    """A libvirt guest on a host that declares a bridge joins it (unless its plan sets ``bridge``),
+    """A libvirt guest on a host that declares a bridge and guest addresses joins it (unless its
+    plan sets ``bridge``),
     and a bridged guest without an address gets the next of its host's ``guest_addresses``
     (``virtlab.hosts.guests``)."""
     ranges = _guest_ranges(hosts, source)
@@ -680,7 +681,10 @@ def place_bridged_guests(
         options = spec.options
         assert isinstance(options, LibvirtOptions)
         bridge, address = options.bridge, options.guest_address
-        if host is not None and host.bridge is not None and "bridge" not in options.model_fields_set:
+        # A host's bridge takes its guests only where it also gives them addresses: the guest image
+        # has no DHCP client, and a bridge alone may serve other ends (its test_address).
+        joins = host is not None and host.bridge is not None and host.guest_addresses is not None
+        if joins and "bridge" not in options.model_fields_set:
             if options.nic != "none":
                 bridge = host.bridge
                 spec = _with_options(spec, bridge=bridge)
