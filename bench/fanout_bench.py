@@ -28,7 +28,6 @@ Run alone it rewrites only its own part of bench/README.md. Needs root (the flee
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -43,7 +42,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from io_bench import measured_stamp, paired_verdict, write_part
+from io_bench import paired_main, paired_verdict
 
 from virtlab import fleet as fleet_mod
 from virtlab.build import build_kernels
@@ -473,16 +472,8 @@ def section(rounds: int, stamp: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    if args.rounds < 2:
-        sys.exit("fanout_bench: --rounds must be at least 2 (the CI comes from the rounds' spread)")
-    if os.geteuid() != 0:
-        sys.exit("fanout_bench: run as root (the test fleet's namespaces and sshds, the CPU cgroups)")
-    write_part(BEGIN, END, section(args.rounds, measured_stamp()))
+    why = "the test fleet's namespaces and sshds, the CPU cgroups"
+    paired_main(__doc__, "fanout_bench", why, BEGIN, END, section)
 
 
 if __name__ == "__main__":
