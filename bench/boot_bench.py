@@ -17,14 +17,12 @@ Run alone (``python bench/boot_bench.py``) it rewrites only its own part of benc
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from io_bench import measured_stamp, paired_verdict, write_part
+from io_bench import paired_main, paired_verdict
 
 from virtlab.build import build_kernels
 from virtlab.environments.libvirt import LibvirtEnvironment, LibvirtOptions, connect
@@ -108,14 +106,9 @@ def section(rounds: int, stamp: str = "") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    if args.rounds < 2:
-        sys.exit("boot_bench: --rounds must be at least 2 (the CI comes from the rounds' spread)")
-    if os.geteuid() != 0:
-        sys.exit("boot_bench: run as root (the private libvirtd is a system-mode daemon)")
-    write_part(BOOT_BEGIN, BOOT_END, section(args.rounds, measured_stamp()))
+    paired_main(
+        __doc__, "boot_bench", "the private libvirtd is a system-mode daemon", BOOT_BEGIN, BOOT_END, section
+    )
 
 
 if __name__ == "__main__":

@@ -402,6 +402,21 @@ def write_part(begin: str, end: str, part: str) -> None:
     print(part)
 
 
+def paired_main(
+    doc: str, name: str, why_root: str, begin: str, end: str, section: Callable[[int, str], str]
+) -> None:
+    """The command line of a bench of paired rounds run as root: ``--rounds`` (at least 2, for the
+    CI), then its part of bench/README.md rewritten between ``begin`` and ``end``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if args.rounds < 2:
+        sys.exit(f"{name}: --rounds must be at least 2 (the CI comes from the rounds' spread)")
+    if os.geteuid() != 0:
+        sys.exit(f"{name}: run as root ({why_root})")
+    write_part(begin, end, section(args.rounds, measured_stamp()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)

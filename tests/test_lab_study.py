@@ -43,7 +43,8 @@ def plan_text(lab, max_parallel_hosts: int, trials: int = TRIALS) -> str:
     return (
         f'inventory = "{lab.inventory}"\n\n'
         f'[study]\nname = "lab"\ntrials = {trials}\nwarmups = 0\n'
-        f"max_parallel_hosts = {max_parallel_hosts}\n\n"
+        # the sampler records when each environment's set-up and teardown began and ended
+        f"max_parallel_hosts = {max_parallel_hosts}\ncpu_sample_interval_s = 1\n\n"
         '[[environment]]\nname = "here"\nkind = "native"\n\n'
         '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
         '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
@@ -61,6 +62,18 @@ def trial_spans(out: Path) -> dict[str, list[tuple[int, float, float]]]:
     return {env: sorted(found, key=lambda span: span[1]) for env, found in spans.items()}
 
 
+def phase_spans(out: Path, phase: str) -> dict[str, list[tuple[None, float, float]]]:
+    """Each environment's spans of ``phase`` ("setup": provisioning, "teardown") as the study's CPU
+    sampler recorded them, in the shape of ``trial_spans``."""
+    with contextlib.closing(sqlite3.connect(out / "results.sqlite")) as db:
+        (stored,) = db.execute("SELECT value FROM study WHERE key = 'cpu_usage'").fetchone()
+    (run,) = json.loads(stored)["runs"]
+    return {
+        env["name"]: [(None, s["start_s"], s["end_s"]) for s in env["spans"] if s["phase"] == phase]
+        for env in run["environments"]
+    }
+
+
 def overlapping(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]]) -> int:
     return sum(1 for _, s1, e1 in a for _, s2, e2 in b if s1 < e2 and s2 < e1)
 
@@ -76,6 +89,10 @@ def test_cells_on_different_hosts_run_side_by_side_each_host_in_its_own_order(la
     # every round's three trials ran at once: each fleet host's overlaps this machine's and the other's
     assert overlapping(spans["one"], spans["two"]) >= TRIALS
     assert overlapping(spans["here"], spans["one"]) >= TRIALS
+    # the hosts are set up side by side and torn down side by side too
+    for phase in ("setup", "teardown"):
+        spans = phase_spans(out, phase)
+        assert overlapping(spans["one"], spans["two"]) == 1 and overlapping(spans["here"], spans["one"]) == 1
 
 
 def test_one_host_at_a_time_is_what_max_parallel_hosts_1_asks(lab, tmp_path):
@@ -85,6 +102,10 @@ def test_one_host_at_a_time_is_what_max_parallel_hosts_1_asks(lab, tmp_path):
     everything = [span for found in spans.values() for span in found]
     assert len(everything) == 3 * TRIALS
     assert all(overlapping([a], [b]) == 0 for a in everything for b in everything if a is not b)
+    for phase in ("setup", "teardown"):
+        everything = [span for found in phase_spans(out, phase).values() for span in found]
+        assert len(everything) == 3
+        assert all(overlapping([a], [b]) == 0 for a in everything for b in everything if a is not b)
 
 
 def test_a_host_lost_mid_study_fails_only_its_cells_and_resume_finishes_them(lab, tmp_path):

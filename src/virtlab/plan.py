@@ -70,7 +70,8 @@ FIRST_PEER_PORT = 1024
 """Below it are the ports of a host's own services."""
 _MAX_PARALLEL_HOSTS = (
     "cells on different hosts run at the same time, at most this many hosts at once (each host keeps "
-    "its own trial order); 1: one trial at a time, as on one machine"
+    "its own trial order), and their environments are provisioned and torn down so too; 1: one at a "
+    "time, as on one machine"
 )
 
 

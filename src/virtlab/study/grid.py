@@ -121,48 +121,91 @@ class GridStudy(Study):
 
     # -- environments ------------------------------------------------------------------
     def _provision_all(self) -> None:
-        for spec in self.plan.environments:
+        """Every environment provisioned, as trials run: those on different hosts side by side (at
+        most max_parallel_hosts at once), each host's one after another in plan order, so that a lab
+        starts in the time of its slowest host, not of all of them in turn. What is stored and shown
+        happens in this thread; only provision itself runs on a host's own thread."""
+        made: dict[str, tuple[Environment, EnvironmentControls | None]] = {}
+
+        def start(spec: EnvironmentSpec) -> None:
             workdir = self.out_dir / "environments" / spec.name
             workdir.mkdir(parents=True, exist_ok=True)
             environment = spec.create(workdir)
             environment.say = lambda line, env=spec.name: self.progress.trial(env, "provisioning", line[:80])
             self.progress.note(f"provisioning {spec.name} ({spec.kind})")
-            controls = self._watch_host_side(spec, environment)
+            made[spec.name] = (environment, self._watch_host_side(spec, environment))
+
+        def provision(spec: EnvironmentSpec) -> dict[str, Any] | Exception:
+            environment, controls = made[spec.name]
             try:
                 environment.provision(self.kernels)
                 if controls is not None:
                     controls.provisioned(environment)
-                manifest = environment.manifest()
-            except BaseException as error:
+                return environment.manifest()
+            except (EnvironmentError_, OSError, RuntimeError) as error:
+                return error  # stored by ``provisioned``, in this study's thread
+            except BaseException:
+                # Ctrl-C while one host provisions in this thread, or a bug: nothing of it is left
+                # running (on hosts' threads a Ctrl-C reaches only this study's thread, which waits).
                 self._undo_controls(spec.name)
                 if self.usage is not None:
                     self.usage.tearing_down(spec.name)
-                if not isinstance(error, (EnvironmentError_, OSError, RuntimeError)):
-                    environment.teardown()  # Ctrl-C mid-provisioning leaves nothing running
-                    raise
-                log = error_log(error)
-                self.store.put_environment(
-                    spec.name, spec.kind, spec.describe()["options"], "failed", None, str(error)
-                )
-                self.store.add_failure(
-                    FailureRecord(spec.name, None, None, "provision", str(error), log, time.time())
-                )
-                self.outcome.failed_environments.add(spec.name)
                 environment.teardown()
-                if self.usage is not None:
-                    self.usage.torn_down(spec.name)
-                continue
-            if controls is not None:
-                manifest = {**manifest, "control": controls.record()}
-            if spec.power_plan is not None:
-                record = power_plan_record(spec.power_plan, cpufreq.read_offer())
-                manifest = {**manifest, "power_plan": record}
-            self._manifests[spec.name] = manifest
-            self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
-            if self.usage is not None:
-                self.usage.provisioned(spec.name)
-            self.environments[spec.name] = environment
-            self._store_setup_samples(spec.name, environment)
+                raise
+
+        def provisioned(spec: EnvironmentSpec, result: dict[str, Any] | Exception) -> None:
+            environment, controls = made[spec.name]
+            if isinstance(result, Exception):
+                self._provision_failed(spec, environment, result)
+            else:
+                self._provision_done(spec, environment, controls, result)
+
+        specs = self.plan.environments
+        run_by_host(
+            specs, lambda s: self._lane(s.name), provision, self.max_parallel_hosts, start, provisioned
+        )
+        # Plan order, whichever host was ready first: teardown follows it.
+        up = self.environments
+        self.environments = {env.name: up[env.name] for env in self.plan.environments if env.name in up}
+
+    def _lane(self, environment: str) -> frozenset[str]:
+        """The host an environment is on, as ``run_by_host`` takes it (this machine's are one)."""
+        return frozenset({self.host_of[environment]})
+
+    def _provision_done(
+        self,
+        spec: EnvironmentSpec,
+        environment: Environment,
+        controls: EnvironmentControls | None,
+        manifest: dict[str, Any],
+    ) -> None:
+        if controls is not None:
+            manifest = {**manifest, "control": controls.record()}
+        if spec.power_plan is not None:
+            record = power_plan_record(spec.power_plan, cpufreq.read_offer())
+            manifest = {**manifest, "power_plan": record}
+        self._manifests[spec.name] = manifest
+        self.store.put_environment(spec.name, spec.kind, spec.describe()["options"], "ok", manifest)
+        if self.usage is not None:
+            self.usage.provisioned(spec.name)
+        self.environments[spec.name] = environment
+        self._store_setup_samples(spec.name, environment)
+
+    def _provision_failed(self, spec: EnvironmentSpec, environment: Environment, error: Exception) -> None:
+        """A failed provisioning is stored with its log, and what it left is torn down."""
+        self._undo_controls(spec.name)
+        if self.usage is not None:
+            self.usage.tearing_down(spec.name)
+        self.store.put_environment(
+            spec.name, spec.kind, spec.describe()["options"], "failed", None, str(error)
+        )
+        self.store.add_failure(
+            FailureRecord(spec.name, None, None, "provision", str(error), error_log(error), time.time())
+        )
+        self.outcome.failed_environments.add(spec.name)
+        environment.teardown()
+        if self.usage is not None:
+            self.usage.torn_down(spec.name)
 
     def _store_setup_samples(self, name: str, environment: Environment) -> None:
         samples = environment.environment_samples()
@@ -217,16 +260,31 @@ class GridStudy(Study):
         self.store.put(USAGE_KEY, append_run(self.store.get(USAGE_KEY), run))
 
     def _teardown_all(self) -> None:
-        for environment in self.environments.values():
+        """Every environment torn down as they were provisioned: different hosts side by side, each
+        host's in plan order; one that fails does not stop the others."""
+
+        def start(environment: Environment) -> None:
             if self.usage is not None:
                 self.usage.tearing_down(environment.name)
             self._undo_controls(environment.name)
+
+        def teardown(environment: Environment) -> Exception | None:
             try:
                 environment.teardown()
             except Exception as error:  # noqa: BLE001 - teardown of one must not stop the others
+                return error
+            return None
+
+        def torn_down(environment: Environment, error: Exception | None) -> None:
+            if error is not None:
                 self.progress.note(f"teardown of {environment.name} failed: {error}")
             if self.usage is not None:
                 self.usage.torn_down(environment.name)
+
+        environments = list(self.environments.values())
+        run_by_host(
+            environments, lambda e: self._lane(e.name), teardown, self.max_parallel_hosts, start, torn_down
+        )
         self.storage.stop()  # after the environments: each unmounts it first
 
     def _start_storage(self) -> None:
