@@ -197,6 +197,13 @@ def test_command_lines():
     sh, flag, script = both.client_command("/b", "h", 1)
     assert (sh, flag) == ("sh", "-c")
     assert "-Itx -t -P16004 -p16005" in script and "-Irx -r -P16006 -p16007" in script
+    # with -N10 each direction's streams take -p .. -p+9: the receiving client's control port follows
+    # them (next to the first data port, its 10 streams once broke the pair with a broken pipe)
+    many = nuttcp(direction="bidirectional", streams=10)
+    assert many.ports(0) == tuple(range(16000, 16022)) and many.ports(1)[0] == 16022
+    _, _, script = many.client_command("/b", "h")
+    assert "-Itx -t -P16000 -p16001" in script and "-Irx -r -P16011 -p16012" in script
+    assert [argv[-1] for argv in many.server_commands("/b")] == ["-P16000", "-P16011"]
 
 
 def test_roles_follow_peer_senders_and_receivers():

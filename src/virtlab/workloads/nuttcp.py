@@ -72,12 +72,17 @@ class Nuttcp(PeerWorkload):
         return CONTROL_PORT
 
     def port_block(self) -> int:
-        # Each direction's server: a control port, and its data connection on the next one (-p).
-        return 2 * len(TAGS[self.params.direction])
+        return self._direction_ports() * len(TAGS[self.params.direction])
+
+    def _direction_ports(self) -> int:
+        # Each direction's server: a control port, then its data connections on the next ones (-p):
+        # with -N, nuttcp opens one data port per stream, consecutive from -p, so a bidirectional
+        # pair's second control port must come after the first one's last stream.
+        return 1 + self.params.streams
 
     def _control_ports(self, slot: int) -> dict[str, int]:
-        ports = self.ports(slot)
-        return {tag: ports[2 * index] for index, tag in enumerate(TAGS[self.params.direction])}
+        ports, step = self.ports(slot), self._direction_ports()
+        return {tag: ports[step * index] for index, tag in enumerate(TAGS[self.params.direction])}
 
     def parse(self, output: str) -> list[Sample]:
         lines = parse_lines(output)
