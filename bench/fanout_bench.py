@@ -4,12 +4,13 @@ One fleet of 16 hosts (``virtlab hosts fleet up 16``: network namespaces of this
 its own sshd) serves every round. Each round, in alternating order within it:
 
 - ``virtlab hosts check`` (the command, ``--json``) on an inventory of fleet-1 alone and on the
-  fleet's inventory of 16 hosts; target: 16 hosts in at most 2x the time of one;
+  fleet's inventory of 16 hosts, CHECK_PAIRS pairs (a check takes seconds); target: 16 hosts in at
+  most 2x the time of one;
 - ``virtlab run`` of a study of ``idle`` cells (5 s, 3 trials) with one remote ``native``
   environment on fleet-1, and with one on each of fleet-1 … fleet-4; target: 4 hosts in at most
   1.3x the time of one.
 
-Judged as the other paired benches: the geometric mean of the rounds' own ratios (N hosts / 1) with
+Judged as the other paired benches: the geometric mean of the pairs' own ratios (N hosts / 1) with
 its Student-t 95% CI ("met" when the mean is within the target, "not met" when even the CI's bottom
 is above it, "not shown" in between).
 
@@ -58,6 +59,8 @@ STUDY_TARGET = 1.3
 """The idle study on STUDY_HOSTS hosts in at most this many times one host's."""
 IDLE_S = 5
 TRIALS = 3
+CHECK_PAIRS = 3
+"""Pairs of checks per round: a check takes seconds, its ratio is noisier than a study's."""
 SAMPLE_S = 0.1
 SSH_SAMPLES = 10
 """How many times one ``ssh fleet-1 true`` is measured: the unit of every remote command's cost."""
@@ -299,7 +302,7 @@ def measure(rounds: int) -> dict[str, list[Measured]]:
             probe = fleet.ssh_command(fleet.hosts[0].name, ["true"])
             seen["ssh"] = [harnessed(probe, harness, hosts)[0] for _ in range(SSH_SAMPLES)]
             for index in range(rounds):
-                for pair in (("check 1", "check N"), ("study 1", "study N")):
+                for pair in [("check 1", "check N")] * CHECK_PAIRS + [("study 1", "study N")]:
                     for key in pair if index % 2 == 0 else reversed(pair):
                         seen[key].append(runs[key](index))
                 print(
@@ -313,7 +316,7 @@ def measure(rounds: int) -> dict[str, list[Measured]]:
 
 
 def judged(many: list[float], one: list[float], target: float) -> tuple[str, str, str]:
-    """The paired ratio with its CI, the rounds' range, and the verdict against ``target`` (at most)."""
+    """The paired ratio with its CI, the pairs' range, and the verdict against ``target`` (at most)."""
     mid, low, high, _ = paired_verdict(many, one, target)
     ratios = [a / b for a, b in zip(many, one, strict=True)]
     verdict = "met" if mid <= target else "not met" if low > target else "not shown"
@@ -329,7 +332,7 @@ def median(runs: list[Measured], figure: str) -> float:
 def fanout_tables(seen: dict[str, list[Measured]]) -> list[str]:
     check, study = (seen["check 1"], seen["check N"]), (seen["study 1"], seen["study N"])
     lines = [
-        "| what | 1 host (median s) | N hosts (median s) | paired ratio N / 1 [95% CI] | the rounds' ratios "
+        "| what | 1 host (median s) | N hosts (median s) | paired ratio N / 1 [95% CI] | the pairs' ratios "
         "| target | verdict |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
@@ -344,7 +347,7 @@ def fanout_tables(seen: dict[str, list[Measured]]) -> list[str]:
         )
     lines += [
         "",
-        "Where the time goes (medians of the rounds):",
+        "Where the time goes (medians of the runs):",
         "",
         "| part | 1 host, s | N hosts, s |",
         "| --- | ---: | ---: |",
@@ -364,10 +367,11 @@ def fanout_tables(seen: dict[str, list[Measured]]) -> list[str]:
 
 
 def cpu_table(seen: dict[str, list[Measured]]) -> list[str]:
-    """The harness's CPU and the hosts' side's: each run's, and during a study's trials per host."""
+    """The harness's CPU and the hosts' side's: each run's, and during a study's trials; and what each
+    host beyond the first adds (the N-host figure less the 1-host one, over N - 1)."""
     check, study = (seen["check 1"], seen["check N"]), (seen["study 1"], seen["study N"])
     lines = [
-        "| CPU, user + sys (medians of the rounds) | 1 host | N hosts | each host beyond the first |",
+        "| CPU, user + sys (medians of the runs) | 1 host | N hosts | each host beyond the first |",
         "| --- | ---: | ---: | ---: |",
     ]
     for label, (one, many), count, figure in (
@@ -382,17 +386,15 @@ def cpu_table(seen: dict[str, list[Measured]]) -> list[str]:
         ("the harness", "harness_trials_cpu_s"),
         ("the hosts' side (sshd, remote shell, idle kernel)", "hosts_trials_cpu_s"),
     ):
-        per_trial, share = [], []
-        for side, count in zip(study, (1, STUDY_HOSTS), strict=True):
-            per_trial.append(1000 * median(side, figure) / (count * TRIALS))
-            share.append(
-                100 * statistics.median(m.detail[figure] / m.detail["trials_s"] for m in side) / count
-            )
+        a, b = (1000 * median(side, figure) / TRIALS for side in study)
+        c, d = (
+            100 * statistics.median(m.detail[figure] / m.detail["trials_s"] for m in side) for side in study
+        )
         lines += [
-            f"| study, during the trials: {label}, ms per host per trial | {per_trial[0]:.0f} "
-            f"| {per_trial[1]:.0f} | — |",
-            f"| study, during the trials: {label}, % of one core per host | {share[0]:.2f} "
-            f"| {share[1]:.2f} | — |",
+            f"| study, during the trials: {label}, ms per round (a trial on each host) | {a:.0f} | {b:.0f} "
+            f"| {(b - a) / (STUDY_HOSTS - 1):.0f} |",
+            f"| study, during the trials: {label}, % of one core | {c:.2f} | {d:.2f} "
+            f"| {(d - c) / (STUDY_HOSTS - 1):.2f} |",
         ]
     return lines
 
@@ -437,12 +439,13 @@ def other_load(seen: dict[str, list[Measured]]) -> float:
 def section(rounds: int, stamp: str) -> str:
     seen = measure(rounds)
     lead = (
-        f"{stamp} {rounds} paired rounds on one test fleet of {CHECK_HOSTS} hosts (`virtlab hosts fleet "
-        "up`: network namespaces of this machine, each with its own sshd; one ssh connection per host, "
-        "strict host keys), which side goes first alternating. Each figure is a whole command as a user "
+        f"{stamp} {rounds} rounds, each {CHECK_PAIRS} pairs of checks and one pair of studies, on one "
+        f"test fleet of {CHECK_HOSTS} hosts (`virtlab hosts fleet up`: network namespaces of this machine, "
+        "each with its own sshd; one ssh connection per host, strict host keys), which side of a pair goes "
+        "first alternating by round. Each figure is a whole command as a user "
         "waits for it: `virtlab hosts check` on fleet-1 alone against the fleet's inventory; `virtlab "
         f'run` of idle cells with a remote native environment (`build = "copy"`) on fleet-1 against one '
-        f"on each of fleet-1 … fleet-{STUDY_HOSTS}. Judged by the geometric mean of the rounds' own ratios "
+        f"on each of fleet-1 … fleet-{STUDY_HOSTS}. Judged by the geometric mean of the pairs' own ratios "
         "with its 95% CI: met when the mean is within the target, not met when even the CI's bottom is "
         f"above it. Other work on the machine meanwhile (its busy CPU outside the harness and the hosts): "
         f"{other_load(seen):.2f} of its {os.cpu_count()} cores, the median over the runs."
@@ -459,7 +462,9 @@ def section(rounds: int, stamp: str) -> str:
             "The harness's own CPU and the hosts', counted by a cgroup each (cpuacct): the harness's holds "
             "each virtlab command and all it starts (ssh clients, the background ControlMaster), the hosts' "
             "the fleet's sshd daemons and all they start. During the trials: between the first trial's "
-            "start and the last one's end, per host and per trial, and as a share of one core then.",
+            "start and the last one's end, per round of trials (a trial on each host) and as a share of "
+            "one core. The last column is what each host beyond the first adds: (N hosts - 1 host) / "
+            "(N - 1), the fixed costs of a run (start-up, reports) left out.",
             "",
             *cpu_table(seen),
             "",
