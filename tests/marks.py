@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from virtlab import network, testhost
+from virtlab import network, testhost, testlibvirtd
 
 HOST_FACT = "host fact: "
 
@@ -77,6 +77,15 @@ needs_test_hosts = pytest.mark.skipif(
 )
 """Test hosts (``SshTestHost``, the fleet): network namespaces, each with its own sshd. Set-up
 installs every program they run, so under CI a missing one fails instead of skipping."""
+
+needs_test_libvirtd = pytest.mark.skipif(
+    bool(testlibvirtd.missing_tools()),
+    reason="not installed: "
+    + ", ".join(sorted(set(testlibvirtd.missing_tools().values())))
+    + " (scripts/setup.sh installs it)",
+)
+"""A private libvirtd of the tests' own (``virtlab.testlibvirtd``; the fleet's ``--libvirt``). Set-up
+installs what it runs, so under CI a missing program fails instead of skipping."""
 
 needs_runc = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("runc") is None or bool(network.missing_tools()),

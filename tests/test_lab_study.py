@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import marks
+from fleet_faults import host_lost_when
 from virtlab import fleet as fleet_mod
 from virtlab import network as vnet
 from virtlab.errors import InputError
@@ -112,25 +113,9 @@ def test_a_host_lost_mid_study_fails_only_its_cells_and_resume_finishes_them(lab
     out, trials = tmp_path / "out", 4
     plan = parse_plan(plan_text(lab, 8, trials), "lab.toml")
 
-    def lose_fleet_2() -> None:
-        """fleet-2 goes away (its sshd and every session in it) once its first trial is stored."""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if trial_spans(out).get("two"):
-                    fleet_mod.stop_sshd(lab, "fleet-2")
-                    return
-            except sqlite3.OperationalError:  # the store is not made yet
-                pass
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=lose_fleet_2)
-    killer.start()
-    try:
+    # fleet-2 goes away once its first trial is stored
+    with host_lost_when(lab, "fleet-2", lambda: bool(trial_spans(out).get("two")), patience_s=300):
         outcome = run_study(plan, out)
-    finally:
-        killer.join()
-        fleet_mod.start_sshd(lab, "fleet-2")
     assert outcome.exit_code == 1
     assert outcome.failed_cells == {("two", "idle")} and not outcome.failed_environments
     spans = trial_spans(out)

@@ -12,18 +12,17 @@ import json
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 import marks
+from fleet_faults import host_lost_when
 from virtlab import fleet as fleet_mod
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
 
-pytestmark = [marks.needs_test_hosts, pytest.mark.slow]
+pytestmark = [marks.needs_test_hosts, marks.needs_test_libvirtd, pytest.mark.slow]
 
 TRIALS = 2
 ANSIBLE_INVENTORY = Path(sys.executable).with_name("ansible-inventory")
@@ -103,24 +102,11 @@ def test_one_study_on_three_hosts_with_every_kind_loses_a_host_and_resumes(lab, 
 
     out = tmp_path / "out"
 
-    def lose_fleet_2() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            try:
-                if stored_trials(out).get(("two", "primes")):
-                    fleet_mod.stop_sshd(lab, "fleet-2")
-                    return
-            except sqlite3.OperationalError:  # the store is not made yet
-                pass
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=lose_fleet_2)
-    killer.start()
-    try:
+    # fleet-2 goes away once its first trial is stored
+    with host_lost_when(
+        lab, "fleet-2", lambda: bool(stored_trials(out).get(("two", "primes"))), patience_s=600
+    ):
         outcome = run_study(plan, out)
-    finally:
-        killer.join()
-        fleet_mod.start_sshd(lab, "fleet-2")
     assert outcome.exit_code == 1
     lost = {("two", "primes"), ("boxed", "primes")}
     assert outcome.failed_cells <= lost and ("two", "primes") in outcome.failed_cells, outcome

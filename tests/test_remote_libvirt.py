@@ -30,10 +30,7 @@ from virtlab_cli import virtlab
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed (scripts/setup.sh)")
 
-pytestmark = [
-    marks.needs_test_hosts,
-    pytest.mark.skipif(bool(testlibvirtd.missing_tools()), reason="needs libvirt-daemon-system and QEMU"),
-]
+pytestmark = [marks.needs_test_hosts, marks.needs_test_libvirtd]
 
 runner = CliRunner()
 TRIALS = 2
