@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from virtlab.hostcache import drop_host_caches
 from virtlab.metadata import collect_host_metadata
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
+from virtlab.study.base import raise_interrupt
 
 BENCH_README = Path(__file__).with_name("README.md")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -414,6 +416,8 @@ def paired_main(
         sys.exit(f"{name}: --rounds must be at least 2 (the CI comes from the rounds' spread)")
     if os.geteuid() != 0:
         sys.exit(f"{name}: run as root ({why_root})")
+    # SIGTERM as Ctrl-C, so that what the bench made (daemons, namespaces, cgroups) is removed.
+    signal.signal(signal.SIGTERM, raise_interrupt)
     write_part(begin, end, section(args.rounds, measured_stamp()))
 
 
