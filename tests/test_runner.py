@@ -128,6 +128,26 @@ def test_interrupt_keeps_finished_trials_and_resume_completes(tmp_path):
     assert set(before) <= set(after) and len(after) == 2 * 2 * 3
 
 
+def test_resume_provisions_only_the_environments_that_lack_trials(tmp_path):
+    # "other" is interrupted at its last command (trial 3 of primes-small), after native's last
+    # trial (each round runs native before other): native is complete and is not provisioned again.
+    outcome, out = fault_study(tmp_path, "interrupt_command = 7")
+    assert outcome.interrupted
+    assert ("native", "primes-small", 2) in stored_trials(out)
+    assert ("other", "primes-small", 2) not in stored_trials(out)
+
+    outcome, out = fault_study(tmp_path, "interrupt_command = 7", resume=True)
+    assert outcome.exit_code == 0 and len(stored_trials(out)) == 2 * 2 * 3
+    with sqlite3.connect(out / "results.sqlite") as db:
+        provisionings = dict(
+            db.execute(
+                "SELECT environment, COUNT(*) FROM trials WHERE workload = ? GROUP BY environment",
+                (SETUP_WORKLOAD,),
+            ).fetchall()
+        )
+    assert provisionings == {"native": 1, "other": 2}
+
+
 def test_resume_refuses_a_different_plan(tmp_path):
     from virtlab.errors import InputError
 

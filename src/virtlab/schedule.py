@@ -30,6 +30,11 @@ class Task:
         return "warm-up" if self.trial is None else f"trial {self.trial + 1}"
 
 
+def pending_cells(cells: Sequence[Cell], done: Mapping[Cell, int], trials: int) -> list[Cell]:
+    """The cells with fewer than ``trials`` trials stored, in the order given."""
+    return [cell for cell in cells if done.get(cell, 0) < trials]
+
+
 def plan_rounds(
     cells: Sequence[Cell],
     done: Mapping[Cell, int],
@@ -43,7 +48,7 @@ def plan_rounds(
     ``cells`` are in workload-major order (each workload across all environments),
     ``done`` counts the trials already stored; cells that are complete get no warm-up.
     """
-    pending = [cell for cell in cells if done.get(cell, 0) < trials]
+    pending = pending_cells(cells, done, trials)
     rounds: list[list[Task]] = [
         [Task(env, workload, None) for env, workload in pending] for _ in range(warmups)
     ]

@@ -29,7 +29,7 @@ from virtlab.hosts import LOCAL_NAME
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.samples import Sample
-from virtlab.schedule import Cell, Task, cells_needing_more, plan_rounds
+from virtlab.schedule import Cell, Task, cells_needing_more, pending_cells, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
@@ -160,13 +160,33 @@ class GridStudy(Study):
             else:
                 self._provision_done(spec, environment, controls, result)
 
-        specs = self.plan.environments
+        needed = self._environments_needed()
+        specs = [spec for spec in self.plan.environments if spec.name in needed]
+        for spec in self.plan.environments:
+            if spec.name not in needed:
+                self.progress.note(f"{spec.name}: every trial of it is stored; not provisioned again")
         run_by_host(
             specs, lambda s: self._lane(s.name), provision, self.max_parallel_hosts, start, provisioned
         )
         # Plan order, whichever host was ready first: teardown follows it.
         up = self.environments
         self.environments = {env.name: up[env.name] for env in self.plan.environments if env.name in up}
+
+    def _environments_needed(self) -> set[str]:
+        """The environments a cell still lacking trials runs in, as its own or as a peer's: on a
+        resumed study, one whose every cell is complete is not provisioned again (a VM not booted
+        again to run nothing). A study aiming at a spread may add trials to any cell: all of them."""
+        if self.plan.study.target_cov_pct is not None:
+            return {env.name for env in self.plan.environments}
+        pending = pending_cells(self.cells, self.store.trial_counts(), self.plan.study.first_trials)
+        needed = set()
+        for environment, workload_name in pending:
+            needed.add(environment)
+            workload = self.workloads[workload_name].workload
+            if isinstance(workload, PeerWorkload):
+                for link in workload.links(environment, self.plan.baseline_of(environment)):
+                    needed |= {link.client, link.server}
+        return needed
 
     def _lane(self, environment: str) -> frozenset[str]:
         """The host an environment is on, as ``run_by_host`` takes it (this machine's are one)."""
