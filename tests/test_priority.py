@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from test_kernels import CONSOLE_SYS_SHARE
 from virtlab import network
 from virtlab.errors import InputError
 from virtlab.export.priority import render_priority_html, render_priority_markdown
@@ -441,11 +442,6 @@ host_only = true
 1 = { nice = 5 }
 """
 )
-CONSOLE_SYS_SHARE = 0.1
-"""Printed to a terminal line by line, the primes cost sys time: at least this share of the user time
-(measured on this host at 2-3 * 10^6: 0.28-1.1 on a pseudo-terminal under load, and 7 in a TCG
-guest's serial console at 10^6; the seed: 3.7/8.1 on its host, 34.0/8.3 in one guest; printed to a
-file, at most 0.03)."""
 
 
 def test_the_host_only_run_is_measured_as_a_guest_is_and_gives_the_papers_c0_figures(tmp_path):
