@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scipy import stats as _sps
 
 __all__ = [
     "REDUCTIONS",
@@ -247,7 +246,9 @@ def _ci95(mean: float, stdev: float, n: int) -> tuple[float, float]:
     normal approximation (±1.96 SE) is far too narrow; the t quantile with
     n-1 degrees of freedom accounts for stdev itself being estimated.
     """
-    t = float(_sps.t.ppf(0.975, n - 1))
+    from scipy import stats  # imported when first needed: it is most of a refused run's start-up time
+
+    t = float(stats.t.ppf(0.975, n - 1))
     half = t * stdev / math.sqrt(n)
     return (mean - half, mean + half)
 
@@ -418,5 +419,7 @@ def mann_whitney_u(a: Iterable[float], b: Iterable[float]) -> MannWhitney:
     xb = _as_floats(b)
     if len(xa) < 2 or len(xb) < 2 or len(set(xa + xb)) == 1:
         return MannWhitney(u=_u_statistic(xa, xb), p_value=1.0)
-    res = _sps.mannwhitneyu(xa, xb, alternative="two-sided", method="auto")
+    from scipy import stats
+
+    res = stats.mannwhitneyu(xa, xb, alternative="two-sided", method="auto")
     return MannWhitney(u=float(res.statistic), p_value=float(res.pvalue))

@@ -21,7 +21,6 @@ from typing import ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
-from scipy.optimize import linear_sum_assignment
 
 from virtlab.numa.placement import Placement
 from virtlab.numa.policies._base import Policy, PolicyParams, Situation, register_policy
@@ -88,6 +87,8 @@ class Dino(Policy[DinoParams]):
         free_share = free / free.max() if free.max() > 0 else np.zeros(n)
         tie = 0.5 / (len(ranked) + 1)
         cost = -kept - tie * to_fill * free_share[:, None] + tie * 1e-3 * (1 - np.eye(n))
+        from scipy.optimize import linear_sum_assignment  # when planned: it slows every CLI's start
+
         rows, cols = linear_sum_assignment(cost)
         node_quota = {int(r): quota[c].copy() for r, c in zip(rows, cols, strict=True)}
 
