@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-
 __all__ = [
     "REDUCTIONS",
     "Better",
