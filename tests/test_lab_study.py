@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -295,9 +296,21 @@ def per_host_plan(lab) -> str:
     return text + '[[workload]]\nname = "pi"\nkind = "pi"\ndigits = 20000\n'
 
 
+def one_session_connections(log: str) -> int:
+    """The connections in an sshd log (LogLevel VERBOSE) that opened exactly one session: the hosts
+    check's (its one SSH session), where an environment's shared connection opens many."""
+    sessions = Counter(re.findall(r"Starting session: .* port (\d+) id", log))
+    return sum(1 for count in sessions.values() if count == 1)
+
+
 def test_per_host_baselines_and_each_host_s_facts_reach_results_json_and_the_report(lab, tmp_path):
     out = tmp_path / "out"
+    logs = {name: lab.host(name).sshd_log for name in ("fleet-1", "fleet-2")}
+    before = {name: len(log.read_text()) for name, log in logs.items()}
     outcome = run_study(parse_plan(per_host_plan(lab), "per-host.toml"), out)
+    # Each host is checked once per run: the preflight's check is the one the study records.
+    for name, log in logs.items():
+        assert one_session_connections(log.read_text()[before[name] :]) == 1, name
     assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
     text = (out / "results.json").read_text()
     results = json.loads(text)
