@@ -159,6 +159,13 @@ def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, t
             across[workload]["context"]["server"] == "one" and across[workload]["context"]["client"] == "two"
         )
         assert len(across[workload]["trials"]) == 2 and all(v > 0 for v in across[workload]["trials"])
+    # the report labels each network figure: one's own cell is loopback, two's names both hosts
+    report = (out / "report.md").read_text()
+    table = report.split("## nuttcp, 1 stream, Mbps (seed 000 Table 9)")[1].split("\n## ")[0]
+    assert "one: loopback: client and server both in one (no NIC and no wire on the way)" in table
+    wire = "two: across hosts, fleet-2 → fleet-1: client in two on fleet-2, server in one on fleet-1"
+    wire += f" at {fleet_1}"
+    assert wire in table
 
 
 def test_a_plan_whose_host_cannot_be_reached_is_refused_before_anything_runs(lab, tmp_path):
