@@ -221,6 +221,8 @@ def test_network_tables_are_seed_000_tables_9_and_10(tables):
          "across hosts, kvm2 → kvm1: client in b on kvm2, server in a on kvm1"),
         ({"path": "network", "client": "b", "server": "a2", "address": "10.0.0.1"}, None),  # one host
         ({"path": "network", "client": "b", "server": "far", "address": "10.0.0.9"}, None),  # no host
+        ({"path": "network", "client": "far", "server": "a", "address": "10.0.0.1"}, None),
+        ({"path": "network", "client": "b", "server": 3, "address": "10.0.0.1"}, None),
         ({"path": "network", "server": "a"}, None),  # the clients differed: no one pair to name
         ({"client": "b", "server": "a"}, None),
         ({}, None),
