@@ -53,7 +53,8 @@ def skip_reason(longrepr: object) -> str:
 # The test modules that take longest, heaviest first (seconds one at a time, measured on 2026-11-25
 # on the 2-core machine: 167, 149, 142, ~95, 88, 87, 62, ~60, ~60, 52, 48, 41; test_remote_libvirt,
 # added 2026-11-27: 56 s; test_lab_three_hosts ~120 s, test_lab_study, test_nfs and test_scale_out
-# placed from a loaded run's durations of 2026-11-27, divided by its slowdown). They are handed to the
+# placed from a loaded run's durations of 2026-11-27, divided by its slowdown; test_fleet_guest_bridge,
+# two TCG guests on two fleet hosts: 96 s alone, 140 s on a loaded machine). They are handed to the
 # workers first, so that the workers end together instead of one waiting out a heavy module that
 # came last; the other modules follow in their usual order.
 HEAVIEST_FIRST = (
@@ -61,6 +62,7 @@ HEAVIEST_FIRST = (
     "test_consolidation_scenario",
     "test_io_plans",
     "test_lab_three_hosts",
+    "test_fleet_guest_bridge",
     "test_fault_injection",
     "test_seed000_plan",
     "test_lab_study",

@@ -364,6 +364,38 @@ def test_bridged_guests_join_their_host_s_bridge_at_its_next_address():
         assert caught.value.problem == problem
 
 
+def test_a_vm_on_a_remote_host_on_network_bridge_joins_that_host_s_bridge():
+    """virtlab's bridge is this machine's: a vm on a host (a domain of its libvirt) on network
+    "bridge" joins the host's bridge at its next guest address; one without the key stays on user
+    networking, and a host without a bridge is a plan error with its fix."""
+    text = (
+        f'{kvm_hosts()}[study]\nname = "s"\n'
+        '[[environment]]\nname = "first"\nkind = "libvirt"\nhost = "kvm1"\n'
+        '[[environment]]\nname = "bridged"\nkind = "vm"\nhost = "kvm1"\nnetwork = "bridge"\n'
+        '[[environment]]\nname = "slirp"\nkind = "vm"\nhost = "kvm2"\n'
+        f"{workload('primes')}"
+    )
+    found = {env.name: (env.kind, env.options.bridge, env.options.guest_address)
+             for env in parse_plan(text, "lab.toml").environments}  # fmt: skip
+    assert found == {
+        "first": ("libvirt", "br0", "10.0.0.100/24"),
+        "bridged": ("vm", "br0", "10.0.0.101/24"),
+        "slirp": ("vm", None, None),
+    }
+    bare = '[[host]]\nname = "lab1"\naddress = "10.0.0.1"\n\n[study]\nname = "s"\n'
+    with pytest.raises(InputError) as caught:
+        parse_plan(
+            f'{bare}[[environment]]\nname = "v"\nkind = "vm"\nhost = "lab1"\nnetwork = "bridge"\n'
+            f"{workload('primes')}",
+            "lab.toml",
+        )
+    assert caught.value.problem == (
+        'environment[0] (v).network: "bridge" on a remote host (lab1) is that host\'s bridge, which it '
+        "does not declare (virtlab's own bridge exists only on this machine)"
+    )
+    assert caught.value.fix.startswith("declare bridge = \"br0\" and guest_addresses for host 'lab1'")
+
+
 def test_a_host_s_guest_addresses_need_its_bridge_and_a_good_range(tmp_path):
     no_bridge = '[[host]]\nname = "kvm1"\naddress = "10.0.0.1"\nguest_addresses = "10.0.0.100-10.0.0.101"\n'
     with pytest.raises(InputError) as caught:

@@ -721,8 +721,6 @@ def test_a_vm_on_a_remote_host_is_defined_through_its_libvirt_with_the_vm_keys()
     [
         ('machine = "microvm"', "machine: a vm on a remote host (lab1) is defined through its libvirt: "
          'libvirt defines no microvm domain: use machine = "q35" or "pc"'),
-        ('network = "bridge"', "network: a vm on a remote host (lab1) is defined through its libvirt: "
-         "libvirt's domains here use user-mode networking, not virtlab's bridge"),
     ],
 )  # fmt: skip
 def test_a_vm_key_a_remote_host_s_libvirt_cannot_honour_is_a_plan_error(keys, problem):

@@ -14,7 +14,7 @@ import pytest
 from virtlab.analysis import build_results, common_metadata
 from virtlab.export import render_html, render_markdown
 from virtlab.export.iocharts import render_io_charts
-from virtlab.export.iotables import io_tables, varying_params
+from virtlab.export.iotables import io_tables, network_path, varying_params
 from virtlab.export.sweeps import latency_bars, queue_depth_curves, sweep_curves, sweeps
 from virtlab.export.tables import Report, build_report
 from virtlab.results import Workload
@@ -205,8 +205,32 @@ def test_network_tables_are_seed_000_tables_9_and_10(tables):
     ]  # fmt: skip
     sent = text_rows(ten)[0]
     assert (sent[1], sent[3]) == ("954 ± 24", "477 ± 12")  # 944 + 10, halved for the vm
-    assert "over loopback" in notes_of(one, 0, 1)
-    assert one.rows[0][2].note is None  # over the network: nothing to add
+    assert notes_of(one, 0, 1).startswith("native: loopback: client and server both in native")
+    assert one.rows[0][2].note is None  # over virtlab's network on this machine: nothing to add
+
+
+@pytest.mark.parametrize(
+    ("context", "label"),
+    [
+        ({"path": "loopback", "client": "a", "server": "a", "address": "127.0.0.1"},
+         "loopback: client and server both in a (no NIC and no wire on the way)"),
+        ({"path": "loopback"}, "loopback: client and server both in cell (no NIC and no wire on the way)"),
+        ({"path": "network", "client": "b", "server": "a", "address": "10.0.0.1"},
+         "across hosts, kvm2 → kvm1: client in b on kvm2, server in a on kvm1 at 10.0.0.1"),
+        ({"path": "network", "client": "b", "server": "a"},
+         "across hosts, kvm2 → kvm1: client in b on kvm2, server in a on kvm1"),
+        ({"path": "network", "client": "b", "server": "a2", "address": "10.0.0.1"}, None),  # one host
+        ({"path": "network", "client": "b", "server": "far", "address": "10.0.0.9"}, None),  # no host
+        ({"path": "network", "client": "far", "server": "a", "address": "10.0.0.1"}, None),
+        ({"path": "network", "client": "b", "server": 3, "address": "10.0.0.1"}, None),
+        ({"path": "network", "server": "a"}, None),  # the clients differed: no one pair to name
+        ({"client": "b", "server": "a"}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_a_network_figure_is_labelled_loopback_or_with_its_two_hosts(context, label):
+    hosts = {"a": "kvm1", "a2": "kvm2", "b": "kvm2", "far": None}
+    assert network_path(context, hosts.get, "cell") == label
 
 
 def test_a_message_size_sweep_is_rows_in_size_order(tables):

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,13 @@ def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, t
             across[workload]["context"]["server"] == "one" and across[workload]["context"]["client"] == "two"
         )
         assert len(across[workload]["trials"]) == 2 and all(v > 0 for v in across[workload]["trials"])
+    # the report labels each network figure: one's own cell is loopback, two's names both hosts
+    report = (out / "report.md").read_text()
+    table = report.split("## nuttcp, 1 stream, Mbps (seed 000 Table 9)")[1].split("\n## ")[0]
+    assert "one: loopback: client and server both in one (no NIC and no wire on the way)" in table
+    wire = "two: across hosts, fleet-2 → fleet-1: client in two on fleet-2, server in one on fleet-1"
+    wire += f" at {fleet_1}"
+    assert wire in table
 
 
 def test_a_plan_whose_host_cannot_be_reached_is_refused_before_anything_runs(lab, tmp_path):
@@ -295,9 +303,21 @@ def per_host_plan(lab) -> str:
     return text + '[[workload]]\nname = "pi"\nkind = "pi"\ndigits = 20000\n'
 
 
+def one_session_connections(log: str) -> int:
+    """The connections in an sshd log (LogLevel VERBOSE) that opened exactly one session: the hosts
+    check's (its one SSH session), where an environment's shared connection opens many."""
+    sessions = Counter(re.findall(r"Starting session: .* port (\d+) id", log))
+    return sum(1 for count in sessions.values() if count == 1)
+
+
 def test_per_host_baselines_and_each_host_s_facts_reach_results_json_and_the_report(lab, tmp_path):
     out = tmp_path / "out"
+    logs = {name: lab.host(name).sshd_log for name in ("fleet-1", "fleet-2")}
+    before = {name: len(log.read_text()) for name, log in logs.items()}
     outcome = run_study(parse_plan(per_host_plan(lab), "per-host.toml"), out)
+    # Each host is checked once per run: the preflight's check is the one the study records.
+    for name, log in logs.items():
+        assert one_session_connections(log.read_text()[before[name] :]) == 1, name
     assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
     text = (out / "results.json").read_text()
     results = json.loads(text)

@@ -363,11 +363,44 @@ def test_the_plans_directory_is_the_packaged_one():
     assert (ROOT / "plans").resolve() == SHIPPED.resolve()
 
 
+LAB_PLANS = ("kvm-vs-xen", "hyperv-report")
+"""The seed plans whose network tables have a variant across two machines (``--preset lab``)."""
+
+
 def test_every_seed_plan_has_a_seed_and_a_small_preset_and_every_plan_a_small_one():
     for path in SHIPPED.glob("*.toml"):
         presets = load_plan(path).presets
         expected = ("seed", "small") if path.stem in SEED_PLANS else ("small",)
+        expected += ("lab",) if path.stem in LAB_PLANS else ()
         assert sorted(presets) == sorted(expected), path.stem
+
+
+def test_the_lab_presets_run_the_seeds_network_tables_across_two_hosts():
+    """Seed 000: the native column native on lab-a -> native on lab-b (nuttcp, scp), the KVM guest
+    on lab-a bridged on its NIC; seed 001: VM -> VM across hosts and the full 4 VMs into 1. As
+    written, every environment stays on this machine (the hosts are declared, unused)."""
+    seed_000 = load_plan(SHIPPED / "kvm-vs-xen.toml", "lab")
+    hosts = {env.name: env.host for env in seed_000.environments}
+    assert hosts == {"native": "lab-a", "kvm": "lab-a", "xen": None, "native-b": "lab-b"}
+    kvm = next(env for env in seed_000.environments if env.name == "kvm")
+    assert (kvm.kind, kvm.options.bridge, kvm.options.guest_address) == ("vm", "br0", "192.0.2.100/24")
+    network = [spec for spec in seed_000.workloads if spec.workload.kind in ("nuttcp", "scp")]
+    assert len(network) == 12 and {spec.workload.params.peer for spec in network} == {"native-b"}
+
+    seed_001 = load_plan(SHIPPED / "hyperv-report.toml", "lab")
+    places = {
+        env.name: (env.host, env.options.guest_address) for env in seed_001.environments if env.kind == "vm"
+    }
+    assert places == {
+        "vm1": ("lab-a", "192.0.2.100/24"), "vm2": ("lab-b", "192.0.2.104/24"),
+        "vm3": ("lab-b", "192.0.2.105/24"), "vm4": ("lab-b", "192.0.2.106/24"),
+        "vm5": ("lab-b", "192.0.2.107/24"),
+    }  # fmt: skip
+    workloads = {spec.name: spec.workload.params for spec in seed_001.workloads}
+    assert workloads["n-into-1"].senders == workloads["1-into-n"].receivers == ("vm2", "vm3", "vm4", "vm5")
+    assert workloads["to-vm2-64k"].peer == "vm2"  # vm1 on lab-a -> vm2 on lab-b
+    for stem in LAB_PLANS:
+        assert all(env.host is None for env in load_plan(SHIPPED / f"{stem}.toml").environments)
 
 
 @pytest.mark.parametrize("stem,preset", EVERY_PRESET, ids=[f"{s}-{p}" for s, p in EVERY_PRESET])

@@ -132,7 +132,7 @@ def check(results: dict[str, Any], report: str) -> None:
         ):
             cells = row(text, direction)
             assert len(cells) == 3 and all(is_figure(c) for c in cells), (table, direction, cells)
-        assert "native: client and server both in native, over loopback" in text
+        assert "native: loopback: client and server both in native" in text
 
     # Table 11: the disk tools, what each measures and with which parameters
     methods = section(report, "Disk measuring methods (seed 000 Table 11)")

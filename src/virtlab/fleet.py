@@ -4,6 +4,8 @@ For trying multi-host studies without a lab, and for the tests of multi-host stu
 
     virtlab hosts fleet up 3 DIR      # fleet-1 … fleet-3, DIR/inventory.ini; --json prints the hosts
     virtlab hosts fleet up 2 DIR --libvirt fleet-1   # fleet-1 also runs a libvirtd of its own
+    virtlab hosts fleet up 2 DIR --libvirt fleet-1 --libvirt fleet-2 --guest-bridge
+                                      # ... and their guests join the fleet's wire, bridged
     virtlab hosts fleet down DIR      # everything ``up`` made is gone (idempotent)
 
 Each host is a named network namespace ``vlfleet-<id>-<i>`` (``ip netns add``: it outlives the
@@ -32,6 +34,13 @@ the disks, kernels and initramfs that VMs upload. The QEMUs it starts live in th
 ``down`` ends the daemon and its QEMUs with the host's other processes, removes the cgroups libvirt
 made for them, and its state; only the capability cache it shares with virtlab's test daemons
 (``testlibvirtd``) stays.
+
+With ``--guest-bridge`` each libvirt host's ``eth0`` is a port of a bridge ``br0`` in the host,
+which holds the host's address: the taps of the host's guests join ``br0`` too, so a guest is on
+the fleet's wire at an address of its own, as a guest bridged on a real host's NIC is. The
+inventory declares ``virtlab_bridge=br0`` and ``virtlab_guest_addresses`` for those hosts, a range
+of ``GUESTS_PER_HOST`` addresses of the fleet's /24 each, so that a plan's libvirt guests there
+take them and VM↔VM network workloads across hosts run guest to guest over the fleet's bridge.
 
 What ``down`` needs is in ``DIR/fleet.json``, written before anything is made and again after each
 sshd starts (with its pid and start time: a reused pid is never killed), so that ``down`` also
@@ -85,6 +94,13 @@ SSHD_DIR = "sshd"
 LIBVIRTD_DIR = "libvirtd"
 POOL_DIR = "pool"
 POOL_NAME = "default"
+GUEST_BRIDGE = "br0"
+"""The bridge a host made with --guest-bridge has, holding its eth0, for its guests."""
+GUEST_OFFSET = 100
+GUESTS_PER_HOST = 4
+"""The k-th host with bridged guests (from 0) hands them the subnet's addresses GUEST_OFFSET +
+GUESTS_PER_HOST * k onward: past the hosts' own (at most x.y.z.74), short of the broadcast."""
+MAX_BRIDGED_HOSTS = (254 - GUEST_OFFSET) // GUESTS_PER_HOST
 """The pool a VM on a remote host uploads into unless its plan names another."""
 LIBVIRT_TOOLS = {"virt-ssh-helper": "libvirt-daemon"}
 """What a host with a libvirtd needs besides the daemon (``testlibvirtd.TOOLS``): what libvirt's
@@ -120,6 +136,8 @@ class FleetHost:
     """The libvirtd's state (its /etc/libvirt, /run/libvirt, ...); None: the host runs none."""
     libvirtd_pid: int | None = None
     libvirtd_start: int | None = None
+    guest_addresses: str | None = None
+    """The addresses its guests on ``GUEST_BRIDGE`` take ("FIRST-LAST"); None: it has no such bridge."""
 
     @property
     def port(self) -> int:
@@ -164,6 +182,7 @@ class FleetHost:
             "libvirtd_dir": str(self.libvirtd_dir) if self.libvirtd_dir else None,
             "libvirtd_pid": self.libvirtd_pid,
             "libvirtd_start": self.libvirtd_start,
+            "guest_addresses": self.guest_addresses,
         }
 
     @classmethod
@@ -179,6 +198,7 @@ class FleetHost:
             libvirtd_dir=Path(str(data["libvirtd_dir"])) if data.get("libvirtd_dir") else None,
             libvirtd_pid=_optional_int(data.get("libvirtd_pid")),
             libvirtd_start=_optional_int(data.get("libvirtd_start")),
+            guest_addresses=str(data["guest_addresses"]) if data.get("guest_addresses") else None,
         )
 
 
@@ -275,7 +295,8 @@ class Fleet:
             "this_machine": str(self.root_address.ip),
             "hosts": [
                 {"name": h.name, "address": h.address, "port": h.port, "user": USER,
-                 "workdir": str(h.workdir), "netns": h.netns, "libvirt_uri": self.libvirt_uri(h.name)}
+                 "workdir": str(h.workdir), "netns": h.netns, "libvirt_uri": self.libvirt_uri(h.name),
+                 "bridge": GUEST_BRIDGE if h.guest_addresses else None, "guest_addresses": h.guest_addresses}
                 for h in self.hosts
             ],
         }  # fmt: skip
@@ -315,12 +336,14 @@ def up(
     *,
     sshd_options: Mapping[str, Sequence[str]] | None = None,
     libvirt: Sequence[str] = (),
+    guest_bridge: bool = False,
 ) -> Fleet:
     """Start ``count`` hosts and write ``DIR/inventory.ini``, ``known_hosts``, the key, ``fleet.json``.
 
     ``sshd_options``: more sshd_config lines for some hosts, by name (one host made different);
-    ``libvirt``: the hosts that run a libvirtd of their own. A failure part-way removes what was
-    made before it is raised."""
+    ``libvirt``: the hosts that run a libvirtd of their own; ``guest_bridge``: their guests join
+    the fleet's wire through a bridge in the host. A failure part-way removes what was made before
+    it is raised."""
     if not 1 <= count <= MAX_HOSTS:
         raise InputError(
             "N", f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}", f"give N from 1 to {MAX_HOSTS}"
@@ -333,6 +356,17 @@ def up(
                 f"no host {name!r} in a fleet of {count}",
                 f"name one of {names[0]} … {names[-1]}",
             )
+    if guest_bridge and not libvirt:
+        raise InputError(
+            "--guest-bridge", "bridges the guests of libvirt hosts, and names none", "add --libvirt HOST"
+        )
+    if guest_bridge and len(set(libvirt)) > MAX_BRIDGED_HOSTS:
+        raise InputError(
+            "--guest-bridge",
+            f"the fleet's /24 holds guest addresses for {MAX_BRIDGED_HOSTS} libvirt hosts, "
+            f"not {len(set(libvirt))}",
+            f"name at most {MAX_BRIDGED_HOSTS} hosts with --libvirt",
+        )
     _check_machine(bool(libvirt))
     directory = directory.absolute()
     old = read_fleet(directory)
@@ -346,7 +380,7 @@ def up(
         down(directory)  # what a reboot left: files of a fleet whose namespaces are gone
     created_dir = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    fleet = _reserve(count, directory, created_dir, libvirt)
+    fleet = _reserve(count, directory, created_dir, libvirt, guest_bridge)
     try:
         _build(fleet, sshd_options or {})
     except BaseException as error:
@@ -413,7 +447,9 @@ def _check_machine(libvirt: bool) -> None:
             raise FleetError(f"a fleet host's libvirt needs {', '.join(missing)}: apt-get install {packages}")
 
 
-def _reserve(count: int, directory: Path, created_dir: bool, libvirt: Collection[str]) -> Fleet:
+def _reserve(
+    count: int, directory: Path, created_dir: bool, libvirt: Collection[str], guest_bridge: bool
+) -> Fleet:
     """A new id and subnet, recorded in the registry and in ``DIR/fleet.json`` before anything exists."""
     with vnet.directory_lock(REGISTRY_DIR):
         records = list(_registry_records())
@@ -423,7 +459,7 @@ def _reserve(count: int, directory: Path, created_dir: bool, libvirt: Collection
         while fleet_id in taken_ids or any(name.startswith(NAME_PREFIX + fleet_id) for name in names):
             fleet_id = secrets.token_hex(2)
         subnet = _free_subnet({ipaddress.IPv4Network(record["subnet"]) for record in records})
-        fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1), libvirt)
+        fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1), libvirt, guest_bridge)
         fleet.save()
         _write_registry(fleet)
     return fleet
@@ -436,10 +472,13 @@ def _planned(
     created_dir: bool,
     numbers: Iterable[int],
     libvirt: Collection[str] = (),
+    guest_bridge: bool = False,
 ) -> Fleet:
     """The fleet's names and addresses, hosts ``fleet-<i>`` for i in ``numbers``; those named in
-    ``libvirt`` run a libvirtd."""
+    ``libvirt`` run a libvirtd, and with ``guest_bridge`` hand their guests addresses
+    (``guest_addresses``)."""
     fleet = Fleet(fleet_id, directory, subnet, created_dir)
+    bridged = [f"{GROUP}-{i}" for i in numbers if guest_bridge and f"{GROUP}-{i}" in libvirt]
     fleet.hosts = [
         FleetHost(
             name=f"{GROUP}-{i}",
@@ -448,10 +487,19 @@ def _planned(
             workdir=directory / f"{GROUP}-{i}",
             sshd_dir=directory / SSHD_DIR / f"{GROUP}-{i}",
             libvirtd_dir=directory / LIBVIRTD_DIR / f"{GROUP}-{i}" if f"{GROUP}-{i}" in libvirt else None,
+            guest_addresses=guest_addresses(subnet, bridged.index(f"{GROUP}-{i}"))
+            if f"{GROUP}-{i}" in bridged
+            else None,
         )
         for i in numbers
     ]
     return fleet
+
+
+def guest_addresses(subnet: ipaddress.IPv4Network, index: int) -> str:
+    """The ``index``-th (from 0) bridged host's guest range on ``subnet``, "FIRST-LAST"."""
+    first = GUEST_OFFSET + GUESTS_PER_HOST * index
+    return f"{subnet[first]}-{subnet[first + GUESTS_PER_HOST - 1]}"
 
 
 def _free_subnet(taken: set[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
@@ -496,6 +544,8 @@ def _build(fleet: Fleet, sshd_options: Mapping[str, Sequence[str]]) -> None:
         _add_uts(host)
         interface = ipaddress.IPv4Interface(f"{host.address}/{fleet.subnet.prefixlen}")
         vnet.add_veth(fleet.bridge_netns, f"p{index}", host.netns, "eth0", interface, vnet.DEFAULT_MTU)
+        if host.guest_addresses is not None:
+            _bridge_uplink(host, interface)
         testhost.make_key(host.host_key, f"virtlab-{host.name}")
         if host.libvirtd_dir is not None:
             _start_libvirtd(fleet, host)
@@ -507,6 +557,19 @@ def _build(fleet: Fleet, sshd_options: Mapping[str, Sequence[str]]) -> None:
         )
     )
     fleet.inventory.write_text(inventory_text(fleet))
+
+
+def _bridge_uplink(host: FleetHost, interface: ipaddress.IPv4Interface) -> None:
+    """The host's ``eth0`` made a port of bridge ``GUEST_BRIDGE`` there, which takes the host's
+    address: the taps libvirt adds to that bridge for the host's guests then reach the fleet's
+    wire as eth0 does (before sshd starts, which binds the address)."""
+    ns = ["-n", host.netns]
+    vnet.run_ip([*ns, "link", "add", GUEST_BRIDGE, "mtu", str(vnet.DEFAULT_MTU), "type", "bridge",
+                 "forward_delay", "0", "stp_state", "0"])  # fmt: skip
+    vnet.run_ip([*ns, "addr", "del", str(interface), "dev", "eth0"])
+    vnet.run_ip([*ns, "link", "set", "eth0", "master", GUEST_BRIDGE])
+    vnet.run_ip([*ns, "addr", "add", str(interface), "dev", GUEST_BRIDGE])
+    vnet.run_ip([*ns, "link", "set", GUEST_BRIDGE, "up"])
 
 
 def _add_uts(host: FleetHost) -> None:
@@ -620,6 +683,12 @@ def inventory_text(fleet: Fleet) -> str:
             f"{host.name} ansible_host={host.address} ansible_user={USER} ansible_port={host.port} "
             f"ansible_ssh_private_key_file={value(fleet.identity_file)} virtlab_workdir={value(host.workdir)}"
             + (f" virtlab_libvirt_uri={value(uri)}" if uri else "")
+            + (
+                f" virtlab_bridge={GUEST_BRIDGE} virtlab_guest_addresses={host.guest_addresses}"
+                f" virtlab_guest_prefix={fleet.subnet.prefixlen}"
+                if host.guest_addresses
+                else ""
+            )
         )
     # Group values are read by ansible as Python literals: repr() quotes them whatever they hold.
     ssh_args = f"-o UserKnownHostsFile={shlex.quote(str(fleet.known_hosts))} -o StrictHostKeyChecking=yes"
@@ -855,9 +924,17 @@ def up_command(
             help="this host also runs a libvirtd of its own, reached over SSH (repeatable)",
         ),
     ] = None,
+    guest_bridge: Annotated[
+        bool,
+        typer.Option(
+            "--guest-bridge",
+            help=f"each --libvirt host's eth0 joins a bridge {GUEST_BRIDGE} there, and so do its guests, "
+            "each at an address of its own on the fleet's wire (the inventory gives the range)",
+        ),
+    ] = False,
 ) -> None:
     """Start hosts fleet-1 … fleet-N and write DIR/inventory.ini for them."""
-    fleet = _exit_on_error(lambda: up(count, directory, libvirt=libvirt or ()))
+    fleet = _exit_on_error(lambda: up(count, directory, libvirt=libvirt or (), guest_bridge=guest_bridge))
     if as_json:
         typer.echo(json.dumps(fleet.summary(), indent=2))
         return
@@ -867,6 +944,8 @@ def up_command(
         uri = fleet.libvirt_uri(host.name)
         if uri:
             typer.echo(f"  {'':<10} libvirt {uri}")
+        if host.guest_addresses:
+            typer.echo(f"  {'':<10} guests on {GUEST_BRIDGE} at {host.guest_addresses}")
     typer.echo(f"inventory: {fleet.inventory}")
     typer.echo(f"try: {shlex.join(fleet.ssh_command(fleet.hosts[0].name, ['hostname']))}")
     typer.echo(f"remove it: virtlab hosts fleet down {shlex.quote(str(fleet.dir))}")

@@ -646,9 +646,23 @@ def _remote_vm(
     host: Host, values: dict[str, Any], source: str, where: str
 ) -> tuple[type[Environment], EnvironmentOptions]:
     """A vm on a remote host runs as a domain of that host's libvirt (``RemoteVmEnvironment``): its
-    keys are the vm kind's, checked as such, and one whose value libvirt cannot honour is refused."""
+    keys are the vm kind's, checked as such, and one whose value libvirt cannot honour is refused.
+    virtlab's own bridge is this machine's alone: there, ``network = "bridge"`` joins the host's
+    bridge (``place_bridged_guests`` gives the guest the next of the host's guest_addresses)."""
     from virtlab.environments.libvirt import LibvirtOptions, RemoteVmEnvironment, remote_vm_problem
 
+    bridge = None
+    if values.get("network") == "bridge":
+        if host.bridge is None or host.guest_addresses is None:
+            raise InputError(
+                source,
+                f'{where}.network: "bridge" on a remote host ({host.name}) is that host\'s bridge, '
+                "which it does not declare (virtlab's own bridge exists only on this machine)",
+                f'declare bridge = "br0" and guest_addresses for host {host.name!r} (inventory: '
+                'virtlab_bridge, virtlab_guest_addresses), or use network = "user"',
+            )
+        bridge = host.bridge
+        values = {**values, "network": "user"}
     vm_options = _validated(ENVIRONMENTS.get("vm").Options, values, source, where)
     problem = remote_vm_problem(vm_options)
     if problem is not None:
@@ -659,21 +673,23 @@ def _remote_vm(
             "change that key, or run the VM on this machine (no host =)",
         )
     uri = host_libvirt_uri(host)
-    return RemoteVmEnvironment, _validated(LibvirtOptions, {**values, "uri": uri}, source, where)
+    joins = {} if bridge is None else {"bridge": bridge}
+    return RemoteVmEnvironment, _validated(LibvirtOptions, {**values, "uri": uri, **joins}, source, where)
 
 
 def place_bridged_guests(
     environments: Sequence[EnvironmentSpec], hosts: Sequence[Host], source: str
 ) -> tuple[EnvironmentSpec, ...]:
     """A libvirt guest on a host that declares a bridge and guest addresses joins it (unless its
-    plan sets ``bridge``),
-    and a bridged guest without an address gets the next of its host's ``guest_addresses``
-    (``virtlab.hosts.guests``)."""
+    plan sets ``bridge``; a vm there, defined through the host's libvirt, joins it where it says
+    ``network = "bridge"``), and a bridged guest without an address gets the next of its host's
+    ``guest_addresses`` (``virtlab.hosts.guests``)."""
     ranges = _guest_ranges(hosts, source)
     by_name = {host.name: host for host in hosts}
     placed, wanted, explicit = [], [], {}
     for spec in environments:
-        if spec.kind != "libvirt":
+        through_libvirt = spec.kind == "libvirt" or (spec.kind == "vm" and spec.host is not None)
+        if not through_libvirt:
             placed.append(spec)
             continue
         from virtlab.environments.libvirt import LibvirtOptions  # a plan with a libvirt guest loads it
@@ -685,7 +701,7 @@ def place_bridged_guests(
         # A host's bridge takes its guests only where it also gives them addresses: the guest image
         # has no DHCP client, and a bridge alone may serve other ends (its test_address).
         joins = host is not None and host.bridge is not None and host.guest_addresses is not None
-        if joins and "bridge" not in options.model_fields_set:
+        if joins and spec.kind == "libvirt" and "bridge" not in options.model_fields_set:
             if options.nic != "none":
                 bridge = host.bridge
                 spec = _with_options(spec, bridge=bridge)

@@ -308,7 +308,9 @@ def sshd_config(
             "MaxSessions 64",
             "X11Forwarding no",
             "Subsystem sftp internal-sftp",
-            "LogLevel INFO",
+            # VERBOSE logs each session a connection opens ("Starting session: command ... port P"),
+            # so that what a study opens on a test host can be counted from outside.
+            "LogLevel VERBOSE",
             *extra,
             "",
         ]

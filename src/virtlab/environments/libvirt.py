@@ -180,10 +180,10 @@ def uri_problem(uri: str) -> str | None:
 
 REMOTE_VM_REFUSED = {
     "machine": ("microvm", 'libvirt defines no microvm domain: use machine = "q35" or "pc"'),
-    "network": ("bridge", "libvirt's domains here use user-mode networking, not virtlab's bridge"),
 }
 """The values of vm keys that a vm on a remote host, defined through that host's libvirt, cannot
-honour: key -> (value, why). Every other vm key has its libvirt equivalent (``domain_xml``)."""
+honour: key -> (value, why). Every other vm key has its libvirt equivalent (``domain_xml``);
+``network = "bridge"`` there is the host's bridge (``plan._remote_vm``)."""
 
 
 def remote_vm_problem(options: VmOptions) -> tuple[str, str] | None:

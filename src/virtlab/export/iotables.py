@@ -11,7 +11,8 @@ workload's figure, labelled by the parameters that tell it from the other worklo
 other storage gets more rows and a plan without a kind gets no table for it.
 
 How a figure was measured is said in footnotes from the cell's ``context`` (the sample metadata
-every trial agrees on): how the page cache was kept out, the file system, loopback vs network.
+every trial agrees on): how the page cache was kept out, the file system, and for a network figure
+"loopback" (client and server in one environment) or, across hosts, the two hosts.
 """
 
 from __future__ import annotations
@@ -150,8 +151,35 @@ def _said(value: Any) -> bool:
 # --------------------------------------------------------------------------
 
 
-def how_measured(cell: ResultCell | None, env: str) -> str:
-    """A footnote saying how a figure was measured in ``env``, from its cell's context ("" for none)."""
+def network_path(
+    context: Mapping[str, Any], host_of: Callable[[str], str | None], env: str | None = None
+) -> str | None:
+    """How a network figure's bytes went, from its cell's context (``path``, ``client``, ``server``,
+    ``address``): "loopback" where client and server were one environment (the context's client,
+    else ``env``, the cell's), the two hosts where they ran on different ones (``host_of``: an
+    environment's host); None otherwise (no path, or two environments of one host, on its own
+    network)."""
+    client, server = context.get("client"), context.get("server")
+    if context.get("path") == "loopback":
+        both = client if isinstance(client, str) else env or "one environment"
+        return f"loopback: client and server both in {both} (no NIC and no wire on the way)"
+    if context.get("path") != "network" or not isinstance(client, str) or not isinstance(server, str):
+        return None
+    client_host, server_host = host_of(client), host_of(server)
+    if client_host is None or server_host is None or client_host == server_host:
+        return None
+    at = f" at {context['address']}" if isinstance(context.get("address"), str) else ""
+    return (
+        f"across hosts, {client_host} → {server_host}: client in {client} on {client_host}, "
+        f"server in {server} on {server_host}{at}"
+    )
+
+
+def how_measured(
+    cell: ResultCell | None, env: str, host_of: Callable[[str], str | None] = lambda _: None
+) -> str:
+    """A footnote saying how a figure was measured in ``env``, from its cell's context ("" for none);
+    ``host_of`` names an environment's host (a network figure across hosts names both)."""
     context = cell.context if cell is not None else {}
     facts = []
     if isinstance(context.get("fs"), str):
@@ -160,8 +188,9 @@ def how_measured(cell: ResultCell | None, env: str) -> str:
         facts.append(CACHE_WORDS.get(context["cache"], context["cache"]))
     if isinstance(context.get("device"), str):
         facts.append(f"read {context['device']}")
-    if context.get("path") == "loopback":
-        facts.append(f"client and server both in {env}, over loopback (no virtual NIC on the way)")
+    path = network_path(context, host_of, env)
+    if path is not None:
+        facts.append(path)
     return f"{env}: {'; '.join(facts)}" if facts else ""
 
 
@@ -189,7 +218,7 @@ def figure_table(
                 why = Absence(cause, line.workload, env) if cause else ctx.why_missing(env, row)
                 cells.append(ctx.reasons.missing(why))
                 continue
-            facts = how_measured(cell, env)
+            facts = how_measured(cell, env, ctx.results.host_of)
             mark = notes.add(facts) if facts else None
             cells.append(Cell(format_value(cell.value, cell.half_width), "num", mark))
         rows.append(tuple(cells))

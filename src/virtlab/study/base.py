@@ -31,6 +31,7 @@ from virtlab.build import KernelBuild
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.export import write_reports, write_results_json
+from virtlab.hosts.check import HostCheck
 from virtlab.outputs import HOSTS_KEY, PLACES_KEY, write_outputs
 from virtlab.paper import (
     Figure,
@@ -90,10 +91,19 @@ class Study(ABC):
         """Check the host before anything runs (raise InputError) and build the C kernels."""
 
     def __init__(
-        self, plan: Plan, out_dir: Path, store: ResultStore, kernels: KernelBuild, progress: ProgressSink
+        self,
+        plan: Plan,
+        out_dir: Path,
+        store: ResultStore,
+        kernels: KernelBuild,
+        progress: ProgressSink,
+        host_checks: Sequence[HostCheck] | None = None,
     ) -> None:
-        """``kernels`` is None when only the study's outputs are rebuilt (``virtlab report``)."""
+        """``kernels`` is None when only the study's outputs are rebuilt (``virtlab report``);
+        ``host_checks``: the plan's hosts as the preflight checked them (``preflight_hosts``), which
+        the study records; without them, it checks them itself when it starts."""
         self.plan, self.out_dir, self.store, self.kernels = plan, out_dir, store, kernels
+        self.host_checks = host_checks
         self.progress = progress
         self.config: Any = plan.scenario
         self.outcome = StudyOutcome(out_dir)
@@ -205,16 +215,19 @@ class Study(ABC):
     def record_hosts(self, here: dict[str, Any]) -> None:
         """Each host the environments use, once: its entry and its facts; and each environment's
         host and baseline. Where a remote host is used, every host's facts are read as ``virtlab
-        hosts check`` reads them (this machine's too, by the same script, so that the hosts compare
-        like with like); a study on this machine alone has its facts already (``here``)."""
+        hosts check`` reads them (``check_plan_hosts``: this machine's too, by the same script, so
+        that the hosts compare like with like): the preflight's checks where it handed them over
+        (``virtlab run`` checks each host once), else checked now. A study on this machine alone
+        has its facts already (``here``)."""
         hosts = self.plan.hosts_used()
         if all(host.is_local for host in hosts):
             records = [{**host.to_dict(), "facts": here, "problems": []} for host in hosts]
         else:
-            from virtlab.hosts.check import check_hosts, host_record
+            from virtlab.hosts.check import host_record
+            from virtlab.study.preflight import check_plan_hosts
 
-            tools = sorted(self.tools())
-            records = [host_record(c) for c in check_hosts(hosts, {host.name: tools for host in hosts}, {})]
+            checks = self.host_checks if self.host_checks is not None else check_plan_hosts(self.plan)
+            records = [host_record(c) for c in checks]
         self.store.put(HOSTS_KEY, records)
         # The study's one baseline as its summary names it (a scenario says its own), else each host's.
         one = self.shape().baseline

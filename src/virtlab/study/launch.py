@@ -19,6 +19,7 @@ from virtlab.store import ResultStore
 from virtlab.study.base import Study
 from virtlab.study.grid import GridStudy
 from virtlab.study.outcome import StudyOutcome
+from virtlab.study.preflight import preflight_hosts
 
 
 def study_class(plan: Plan) -> type[Study]:
@@ -91,19 +92,21 @@ def run_study(
     plan: Plan, out_dir: Path, resume: bool = False, progress: ProgressSink | None = None
 ) -> StudyOutcome:
     """A whole study, as ``virtlab run`` runs it: its results directory opened (or resumed), the
-    host checked, then the plan's study (the grid, or the scenario it names) to the end."""
+    host checked and every host it uses (once: the study records these checks), then the plan's
+    study (the grid, or the scenario it names) to the end."""
     # Everything that can refuse the run does so before the results directory is touched, so a
     # refused run leaves nothing that the same command would then refuse.
     dirlock.check_free(out_dir)
     check_results_dir(plan, out_dir, resume)
     study = study_class(plan)
     kernels = study.preflight(plan, out_dir)
+    hosts = preflight_hosts(plan)
     created = not out_dir.exists()
     try:
         with dirlock.DirLock(out_dir):
             store = open_study(plan, out_dir, resume)
             try:
-                return study(plan, out_dir, store, kernels, progress or SilentProgress()).run()
+                return study(plan, out_dir, store, kernels, progress or SilentProgress(), hosts).run()
             except InputError:
                 # Refused after all, by a check that needs the environments running (a guest's
                 # free space): what this run made goes, unless a study's findings are in it.

@@ -1,10 +1,12 @@
 """What is checked before a study runs: bad input is exit 2 with one message, not a failed cell an
 hour later. The grid's checks (peers named, controls against the host, every environment able to
-run every workload, files that fit, NFS), and the C kernels every study builds.
+run every workload, files that fit, NFS), the C kernels every study builds, and the hosts every
+study uses (``preflight_hosts``: each checked once per run, the study records those checks).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from virtlab import nfs
@@ -12,7 +14,7 @@ from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import validate_against_host
 from virtlab.environments.abilities import vcpu_count
 from virtlab.errors import InputError
-from virtlab.hosts.check import check_hosts
+from virtlab.hosts.check import HostCheck, check_hosts
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.storage import uses_nfs
 from virtlab.workloads._peer import PeerWorkload
@@ -72,7 +74,6 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
         problems.append(f'storage = "nfs": {nfs.missing()}')
     refuse_first(plan, problems)
     refuse_first(plan, space, "make the workload's file smaller or give it a place with room")
-    refuse_first(plan, host_problems(plan), f"`virtlab hosts check {plan.source}` shows every host")
     return kernels_for(plan)
 
 
@@ -100,24 +101,35 @@ def host_libvirt(plan: Plan) -> dict[str, str]:
     return uris
 
 
-def host_problems(plan: Plan) -> list[str]:
-    """Every host the plan uses checked at once before anything runs (``virtlab hosts check``):
-    one that cannot be reached, whose key does not match, that lacks a program, or whose libvirt
-    the plan's VMs cannot reach is refused here, not found out as a failed environment after the
-    other hosts' set-up."""
+def check_plan_hosts(plan: Plan) -> tuple[HostCheck, ...]:
+    """Every host the plan's environments use, each checked once, all at once (``virtlab hosts
+    check``), as the study records them: this machine too, by the same script, so that the hosts'
+    facts compare like with like. Nothing where every environment runs on this machine (its facts
+    are the study's own metadata). The KVM probe costs seconds a host: only where the plan runs a
+    VM, and then on every host, so that their ``kvm`` facts say the same kind of thing."""
+    hosts = plan.hosts_used()
+    if all(host.is_local for host in hosts):
+        return ()
     needs = host_needs(plan)
-    if not needs:
-        return []
-    # The KVM probe costs seconds a host: only for hosts where the plan runs VMs.
-    vm_hosts = {env.host for env in plan.environments if env.kind in ("vm", "libvirt")}
-    checks = check_hosts(
-        [plan.host(name) for name in needs],
-        needs,
-        needs,
-        probe_kvm=bool(vm_hosts & set(needs)),
-        libvirt=host_libvirt(plan),
-    )
+    tools = {tool for spec in plan.workloads for tool in spec.workload.tools}
+    looked_for = {host.name: sorted({*tools, *needs.get(host.name, ())}) for host in hosts}
+    probe = any(env.kind in ("vm", "libvirt") for env in plan.environments)
+    return tuple(check_hosts(hosts, looked_for, needs, probe_kvm=probe, libvirt=host_libvirt(plan)))
+
+
+def host_problems(checks: Sequence[HostCheck]) -> list[str]:
+    """Each host that cannot be reached, whose key does not match, that lacks a program, or whose
+    libvirt the plan's VMs cannot reach: refused before anything runs, not found out as a failed
+    environment after the other hosts' set-up."""
     return [f"host {check.host.name!r}: {'; '.join(check.problems)}" for check in checks if not check.ok]
+
+
+def preflight_hosts(plan: Plan) -> tuple[HostCheck, ...]:
+    """The plan's hosts checked (``check_plan_hosts``), the first that fails refused (InputError);
+    the checks, which the study records instead of checking each host again."""
+    checks = check_plan_hosts(plan)
+    refuse_first(plan, host_problems(checks), f"`virtlab hosts check {plan.source}` shows every host")
+    return checks
 
 
 INSTALL_FIX = "change the plan or install what is missing (`virtlab doctor`)"
