@@ -69,7 +69,7 @@ GUEST = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>128</memory
 
 
 @pytest.fixture
-def two_daemons(monkeypatch):
+def two_daemons():
     """A source and a destination libvirtd on this host; the destination with a host UUID of its own
     (libvirt refuses to migrate to a host with its own UUID)."""
     from virtlab import testlibvirtd
@@ -80,10 +80,7 @@ def two_daemons(monkeypatch):
     started = []
     try:
         started.append(testlibvirtd.TestLibvirtd().start())
-        monkeypatch.setattr(
-            testlibvirtd, "LIBVIRTD_CONF", testlibvirtd.LIBVIRTD_CONF + f'host_uuid = "{uuid.uuid4()}"\n'
-        )
-        started.append(testlibvirtd.TestLibvirtd().start())
+        started.append(testlibvirtd.TestLibvirtd(host_uuid=str(uuid.uuid4())).start())
     except testlibvirtd.TestLibvirtdError as error:
         for daemon in started:
             daemon.stop()
