@@ -38,6 +38,7 @@ from virtlab.numa.migration import MigrationError
 from virtlab.numa.placement import VmPlacement
 from virtlab.numa.topology import Node, Topology
 from virtlab.workloads.malloc_access import MallocAccess
+from virtlab_cli import virtlab
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed (scripts/setup.sh)")
 
@@ -151,7 +152,7 @@ def test_the_hosts_of_a_migration_come_from_the_inventory(tmp_path):
 # --------------------------------------------------------------------------- a guest between the hosts
 
 MEMORY_MB = 256
-WORK_S = 60
+WORK_S = 50
 """How long the migrating guest's malloc_access runs: through the three migrations."""
 
 
@@ -265,3 +266,39 @@ def test_default_changes_nothing_and_the_memory_arrives_intact(lab, moving):
     # malloc_access wrote its memory through three migrations between the hosts; its own check
     check, evidence = memory_check(guest.wait(work, WORK_S + 120), "malloc_access")
     assert check == "intact", evidence
+
+
+@live
+def test_the_command_migrates_between_inventory_hosts_and_checks_the_memory(fleet, moving):
+    """``virtlab numa migrate --inventory --from --to`` as a user runs it: the JSON of a migration on
+    one host, plus the hosts, their clocks and the layout found on the destination."""
+    result = virtlab(
+        "numa", "migrate", "--inventory", str(fleet.inventory), "--from", "fleet-2", "--to", "fleet-1",
+        "--policy", "default", "--workload", "malloc_access", "--workload-mb", "16", "--vcpus", "1",
+        "--memory-mb", str(MEMORY_MB), "--accel", "tcg", "--monitor-s", "1", "--counters", "model", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = json.loads(result.stdout)
+    local_keys = {"vm", "policy", "mode", "timeline", "status", "destination_status", "total_time_ms",
+                  "downtime_ms", "ram_transferred_bytes", "ram_nodes", "placement", "actions",
+                  "profile_source", "counters", "accelerator", "ram_pad_kib", "memory_check",
+                  "memory_check_detail"}  # fmt: skip
+    assert local_keys <= set(out)
+    assert (out["from"], out["to"], out["mode"], out["status"]) == (
+        "fleet-2",
+        "fleet-1",
+        "default",
+        "completed",
+    )
+    assert out["memory_check"] == "intact", out["memory_check_detail"]
+    assert [e for e, _ in out["timeline"]][0] == "migration_start" and out["total_time_ms"] > 0
+
+
+def test_the_command_refuses_half_a_pair_of_hosts(tmp_path):
+    inventory = tmp_path / "inventory.ini"
+    inventory.write_text("[lab]\nh1 ansible_host=10.0.0.1\nh2 ansible_host=10.0.0.2\n")
+    half = virtlab("numa", "migrate", "--inventory", str(inventory), "--from", "h1")
+    assert half.returncode == 2 and "give --inventory, --from and --to together" in half.stderr
+    unknown = virtlab("numa", "migrate", "--inventory", str(inventory), "--from", "h1", "--to", "h9")
+    assert unknown.returncode == 2 and "--to h9: no such host" in unknown.stderr
+    assert "Traceback" not in half.stderr + unknown.stderr
