@@ -1,16 +1,15 @@
 """Seed 004 across hosts: a guest live-migrated from one fleet host to another, each host with a
 libvirtd of its own (``fleet up --libvirt``), each daemon with a host UUID of its own.
 
-One fleet for the module. A plain domain first migrates peer to peer between the two daemons; then
-one small TCG guest writing its memory (malloc_access) migrates fleet-1 -> fleet-2 -> fleet-1 ->
-fleet-2 in each mode of the destination's optimizer, the proposal's with a resident guest on the
-destination, and its own check of its memory must pass at the end.
+One fleet for the module. One small TCG guest writing its memory (malloc_access) migrates fleet-1 ->
+fleet-2 -> fleet-1 -> fleet-2 in each mode of the destination's optimizer, the proposal's with a
+resident guest on the destination, and its own check of its memory must pass at the end; then the
+command and the case study's live backend run between the same two hosts.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from virtlab.numa.crosshost import (
     on_one_clock,
     read_layout,
 )
-from virtlab.numa.libvirt_layout import migrate_domain
 from virtlab.numa.live import memory_check, prepare_guests
 from virtlab.numa.migration import MigrationError
 from virtlab.numa.placement import VmPlacement
@@ -41,10 +39,6 @@ from virtlab.workloads.malloc_access import MallocAccess
 from virtlab_cli import virtlab
 
 libvirt = pytest.importorskip("libvirt", reason="libvirt-python is not installed (scripts/setup.sh)")
-
-GUEST = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>128</memory><vcpu>1</vcpu>
-<os><type arch='x86_64' machine='q35'>hvm</type></os>
-<devices><controller type='usb' model='none'/><memballoon model='none'/></devices></domain>"""
 
 
 # --------------------------------------------------------------------------- one clock (fixed data)
@@ -88,30 +82,16 @@ def live(test):
 
 
 @live
-def test_each_daemon_has_its_own_host_uuid_and_a_domain_migrates_peer_to_peer(fleet):
+def test_each_daemon_has_its_own_host_uuid(fleet):
+    """libvirt refuses to migrate a domain to a daemon with the source's host UUID; the migrations
+    below go between these two."""
     libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
     src, dst = (libvirt.open(fleet.libvirt_uri(name)) for name in ("fleet-1", "fleet-2"))
-    name = f"virtlab-plain-{uuid.uuid4().hex[:8]}"
     try:
         uuids = [ET.fromstring(c.getCapabilities()).findtext("host/uuid") for c in (src, dst)]
         assert uuids == [fleet_mod.host_uuid(fleet, fleet.host(n)) for n in ("fleet-1", "fleet-2")]
         assert uuids[0] != uuids[1]
         assert (src.getHostname(), dst.getHostname()) == ("fleet-1", "fleet-2")
-        domain = src.createXML(GUEST.format(name=name), 0)
-        # the source's daemon reaches the destination's through fleet-2's sshd, as this machine does;
-        # the RAM goes to fleet-2's address over the fleet's bridge
-        migrate_domain(
-            domain,
-            fleet.libvirt_uri("fleet-2"),
-            domain.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE),
-            migrate_uri=f"tcp://{fleet.host('fleet-2').address}",
-        )
-        arrived = dst.lookupByName(name)
-        assert arrived.state() == [libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_MIGRATED]
-        assert arrived.jobStats(libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)["memory_total"] >= 128 << 20
-        with pytest.raises(libvirt.libvirtError):
-            src.lookupByName(name)
-        arrived.destroy()
     finally:
         src.close()
         dst.close()
@@ -302,3 +282,72 @@ def test_the_command_refuses_half_a_pair_of_hosts(tmp_path):
     unknown = virtlab("numa", "migrate", "--inventory", str(inventory), "--from", "h1", "--to", "h9")
     assert unknown.returncode == 2 and "--to h9: no such host" in unknown.stderr
     assert "Traceback" not in half.stderr + unknown.stderr
+
+
+HOSTS_PLAN = """
+inventory = "{inventory}"
+
+[study]
+name = "migration-layout-hosts"
+scenario = "migration_layout"
+
+[[environment]]
+name = "guest"
+kind = "vm"
+vcpus = 1
+memory_mb = 256
+accel = "tcg"
+
+[[workload]]
+name = "malloc_access"
+kind = "malloc_access"
+memory_mb = 16
+
+[[workload]]
+name = "cubic_calc"
+kind = "cubic_calc"
+
+[migration_layout]
+backend = "live"
+modes = ["proposal"]
+migration_start_s = 5
+migration_s = 2
+duration_s = 16
+
+[migration_layout.live]
+counters = "model"
+hosts = ["fleet-1", "fleet-2"]
+
+[[migration_layout.case]]
+name = "1-1"
+policy = "simple"
+migrated = "malloc_access"
+residents = ["cubic_calc"]
+free_gib = [1.0, 4.0]
+"""
+
+
+@live
+def test_the_case_study_runs_live_between_two_hosts(fleet, tmp_path):
+    """The migration-layout scenario's live backend with ``live.hosts``: the migrated VM on fleet-1,
+    the resident a guest of fleet-2's libvirtd, the migration between them in the run's mode."""
+    plan = tmp_path / "hosts.toml"
+    plan.write_text(HOSTS_PLAN.format(inventory=fleet.inventory))
+    out = tmp_path / "study"
+    result = virtlab("run", str(plan), "--out", str(out), "--quiet", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = json.loads((out / "results.json").read_text())["scenario"]["runs"]
+    assert run["status"] == "ok" and run["backend"] == "live", run.get("error")
+    migration = run["migration"]
+    assert (migration["from"], migration["to"], migration["mode"]) == ("fleet-1", "fleet-2", "proposal")
+    hosts = {row["event"]: row["host"] for row in migration["timeline_hosts"]}
+    assert hosts["profile_received"] == "fleet-2" and hosts["profile_sent"] == "fleet-1"
+    times = dict(run["events"])
+    assert times["migration_start"] >= 5.0 and times["layout_applied"] <= times["source_paused"]
+    assert migration["destination_layout"]["numa_nodeset"] == "0"
+    resident_moves = [a for a in migration["actions"] if a["vm"].startswith("virtlab-numa-resident-0-")]
+    assert resident_moves, migration["actions"]  # the resident, on fleet-2, was planned and moved there
+    assert {vm["name"] for vm in run["vms"]} == {"migrated", "resident-0"}
+    for vm in run["vms"]:
+        assert len(vm["ops_per_s"]) == 16 and min(vm["ops_per_s"]) >= 0, vm
+    assert run["memory_check"] == "intact"

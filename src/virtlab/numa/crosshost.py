@@ -541,6 +541,8 @@ class HostMigration:
     workload: str | None = None
     residents: Sequence[str] = ()
     wait_reactive_s: float = 60.0
+    started_wall: float = 0.0
+    """This machine's wall clock at ``migration_start`` (set by ``run``)."""
 
     def run(self) -> dict[str, Any]:
         import libvirt
@@ -584,7 +586,8 @@ class HostMigration:
                     None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, lifecycle(role), None)))  # fmt: skip
             xml = self.guest.domain.XMLDesc(libvirt.VIR_DOMAIN_XML_MIGRATABLE)
             flags = [libvirt.VIR_MIGRATE_UNSAFE]  # one filesystem under both hosts: the disk is shared
-            stamps.append(("migration_start", HERE, time.time()))
+            self.started_wall = time.time()
+            stamps.append(("migration_start", HERE, self.started_wall))
             ram_nodes = None
             if sender is not None:
                 assert self.profile is not None
@@ -728,3 +731,94 @@ def note_counters(counters: str, note: str) -> str:
     """The destination's counters as the source's were chosen: the model's when the source fell back
     to it (``auto`` where perf does not count), so both sides feed the policy alike."""
     return "model" if counters == "auto" and note.startswith("the workload model") else counters
+
+
+# --------------------------------------------------------------------------- one case of the case study
+
+
+def run_host_case(
+    case: Any, setup: GuestSetup, pair: HostPair, workdir: Path, say: Callable[[str], None] = lambda _l: None
+) -> Any:
+    """``live.run_live_case`` between two hosts: the residents booted under the destination's libvirtd
+    and placed on their nodes there, the migrated guest under the source's, every workload started
+    at t = 0, the migration at ``case.migration_start_s`` (``HostMigration``, the residents named to the
+    destination's optimizer), each guest's per-second throughput collected. Never raises: a run that
+    failed says so, with its log."""
+    import traceback
+
+    from virtlab.numa.actuator import apply, current_placement
+    from virtlab.numa.live import LiveRun, VmSeries, collect_series, command, host_notes
+    from virtlab.numa.placement import VmPlacement
+
+    run = LiveRun(case.name, case.mode)
+    workloads = {"migrated": case.migrated, **{name: w for name, w, _ in case.residents}}
+    series = {
+        n: VmSeries(n, "migrated" if n == "migrated" else "resident", w.kind) for n, w in workloads.items()
+    }
+    lab: Lab | None = None
+    monitor: Monitor | None = None
+    try:
+        lab = Lab(pair, workdir)
+        where = f"{pair.source.name} and {pair.destination.name}"
+        say(f"{case.name}/{case.mode}: booting {len(workloads)} guests on {where}")
+        started = time.monotonic()
+        placed = [
+            ("migrated", pair.source.name),
+            *((name, pair.destination.name) for name, _, _ in case.residents),
+        ]
+        guests = dict(zip(workloads, lab.boot_all(setup, placed), strict=True))
+        run.boot_s = {name: round(time.monotonic() - started, 3) for name in guests}
+        topology = Topology.from_sysfs()  # the destination's: a fleet host's is this machine's
+        run.notes = host_notes(topology, setup.accelerator)
+        ids = topology.node_ids
+        nodes = {name: node if node in ids else ids[node % len(ids)] for name, _, node in case.residents}
+        residents = {name: guests[name].threads() for name in nodes}
+        target = Placement.of(
+            {n: VmPlacement.local(node, setup.options.memory_mb) for n, node in nodes.items()}
+        )
+        apply(target, residents, topology, current_placement(residents, topology))
+        run.resident_nodes = nodes
+        sources, run.counters = counter_sources(case.counters, workloads, setup.options.memory_mb)
+        monitor = Monitor(sources, interval_s=1.0)
+        pid, tids = guests["migrated"].threads()
+        monitor.register("migrated", pid, tids, guests["migrated"].memory_bytes)
+        t0, t0_wall = time.monotonic(), time.time()
+        pids = {}
+        for name, workload in workloads.items():
+            pids[name] = guests[name].start(command(workload, case.duration_s))
+            series[name].started_s = round(time.monotonic() - t0, 3)
+        monitor.start()
+        time.sleep(max(0.0, t0 + case.migration_start_s - time.monotonic()))
+        profile = monitor.profile("migrated")
+        monitor.stop()
+        policy, params = case.optimizer_policy()
+        migration = HostMigration(lab, guests["migrated"], pair.destination.name, policy, params, profile,
+                                  counters=note_counters(case.counters, run.counters),
+                                  workload=case.migrated.kind,
+                                  residents=[guests[n].domain_name for n in nodes],
+                                  wait_reactive_s=case.window_s + 60)  # fmt: skip
+        out = migration.run()
+        shift = migration.started_wall - t0_wall
+        run.migration_start_s = round(shift, 3)
+        run.events = [(event, round(t + shift, 3)) for event, t in out["timeline"] if t is not None]
+        run.arrival_s = next((t for e, t in run.events if e == "completed"), None)
+        run.migration = out
+        say(f"{case.name}/{case.mode}: migrated in {out['total_time_ms']} ms")
+        deadline = t0 + case.duration_s + 120
+        for name, guest in guests.items():
+            collect_series(series[name], workloads[name], guest, pids[name], deadline)
+        run.vms = list(series.values())
+        valid = series["migrated"].valid
+        run.memory_check = "not checked" if valid is None else "intact" if valid else "corrupt"
+        failed = [s for s in run.vms if s.error]
+        if failed:
+            run.status, run.error = "failed", "; ".join(f"{s.name}: {s.error}" for s in failed)
+    except Exception as error:  # noqa: BLE001 - one run's failure is stored with its log, the study goes on
+        run.status, run.error = "failed", f"{type(error).__name__}: {error}"
+        run.log = traceback.format_exc()
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        if lab is not None:
+            lab.close()
+    return run

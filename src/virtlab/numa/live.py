@@ -576,7 +576,7 @@ class _CaseRun:
     def _collect(self) -> None:
         deadline = self.t0 + self.case.duration_s + _SLACK_S
         for name, vm in self.vms.items():
-            _collect(self.series[name], self.workloads[name], vm, self.pids[name], deadline)
+            collect_series(self.series[name], self.workloads[name], vm, self.pids[name], deadline)
         optimizer = self.optimizer
         assert optimizer is not None and self.run.migration is not None
         if self.case.mode == "reactive":
@@ -629,7 +629,7 @@ def per_second(output: str) -> tuple[list[float], float, bool | None]:
     return ops, init_s, valid
 
 
-def _collect(series: VmSeries, workload: Workload, vm: LiveVm, pid: int, deadline: float) -> None:
+def collect_series(series: VmSeries, workload: Workload, vm: Any, pid: int, deadline: float) -> None:
     """The workload's per-second throughput on the run's clock: second k of a run that started at s
     (plus its own initialisation) is drawn at s + init + k - 0.5. A run whose own check failed keeps
     its series and says so (``check``); only a passed one becomes a stored trial."""
