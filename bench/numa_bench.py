@@ -1,8 +1,9 @@
 """NUMA layout: optimizer decision time, simulator throughput at datacenter size, the seed paper's
 case studies next to the paper's figures, and the live mechanism's timeline (real localhost live
-migrations of a TCG guest in each mode).
+migrations of a TCG guest in each mode, and the same guest under libvirt between two fleet hosts).
 
-    python bench/numa_bench.py [--runs 200] [--migrations 1000] [--live 3] [--write numa.md] [--quick]
+    python bench/numa_bench.py [--runs 200] [--migrations 1000] [--live 3] [--cross 3] [--write numa.md]
+                               [--quick]
 
 Prints markdown tables; ``--write`` also writes them to a file. Nothing here asserts: targets (decision
 under 10 ms for 8 nodes x 64 VMs, 1,000 hosts under 10 s) are reported next to the figures.
@@ -151,15 +152,93 @@ def live_mechanism(rounds: int) -> list[str]:
         "| downtime ms | reactive re-plan s |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for policy, mode, steps in rows:
-        before = steps.get("before_switchover")
-        held = "-" if not before else f"{int(sum(before))} of {len(before)}"
-        out.append(
-            f"| {policy} | {mode} | {_median(steps, 'plan', 1e3)} | {_median(steps, 'to_destination', 1e3)} "
-            f"| {held} | {_median(steps, 'ram', fmt='.2f')} | {_median(steps, 'total_ms', fmt='.0f')} "
-            f"| {_median(steps, 'downtime_ms', fmt='.0f')} | {_median(steps, 'reactive', fmt='.2f')} |"
-        )
-    return out
+    return out + [_mechanism_row(policy, mode, steps) for policy, mode, steps in rows]
+
+
+def _mechanism_row(policy: str, mode: str, steps: dict[str, list[float]], paused: bool = False) -> str:
+    """A row of the live mechanism's table; ``paused``: with the guest's paused time (across hosts)."""
+    before = steps.get("before_switchover")
+    held = "-" if not before else f"{int(sum(before))} of {len(before)}"
+    cells = [policy, mode, _median(steps, "plan", 1e3), _median(steps, "to_destination", 1e3), held,
+             _median(steps, "ram", fmt=".2f"), _median(steps, "total_ms", fmt=".0f"),
+             _median(steps, "downtime_ms", fmt=".0f"),
+             *([_median(steps, "paused_ms", fmt=".0f")] if paused else []),
+             _median(steps, "reactive", fmt=".2f")]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def cross_host_mechanism(rounds: int) -> list[str]:
+    """The same idle guest as ``live_mechanism`` (2 vCPUs, 256 MiB, TCG), under libvirt, migrated
+    between two fleet hosts (each a libvirtd of its own, ``virtlab hosts fleet``) ``rounds`` times
+    per mode; the medians of the steps of its timeline, on one clock."""
+    if os.geteuid() != 0 or shutil.which("qemu-system-x86_64") is None or shutil.which("sshd") is None:
+        return ["Not measured: needs root, qemu-system-x86_64, libvirtd and OpenSSH's sshd."]
+    from virtlab import fleet
+    from virtlab.build import build_kernels
+    from virtlab.environments.vm import VmOptions
+    from virtlab.numa.crosshost import HostMigration, Lab, hosts_from_inventory, monitored_profile
+    from virtlab.numa.live import prepare_guests
+
+    setup = prepare_guests(VmOptions(vcpus=2, memory_mb=256, accel="tcg"), build_kernels())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="numa-bench-hosts-") as workdir:
+        lab_fleet = fleet.up(2, Path(workdir) / "fleet", libvirt=["fleet-1", "fleet-2"])
+        try:
+            lab = Lab(hosts_from_inventory(lab_fleet.inventory, "fleet-1", "fleet-2"), Path(workdir))
+            try:
+                (guest,) = lab.boot_all(setup, [("bench", "fleet-1")])
+                for policy, params in LIVE_MODES:
+                    steps: dict[str, list[float]] = {}
+                    for _ in range(rounds):
+                        profile = (
+                            monitored_profile(guest, "model", None, 1)[0] if policy == "simple" else None
+                        )
+                        to = "fleet-2" if guest.host.name == "fleet-1" else "fleet-1"
+                        out = HostMigration(lab, guest, to, policy, params, profile, wait_reactive_s=30).run()
+                        for name, value in _cross_steps(out).items():
+                            steps.setdefault(name, []).append(value)
+                    rows.append((policy, out["mode"], steps))
+                clocks = lab.clocks
+            finally:
+                lab.close()
+        finally:
+            fleet.down(Path(workdir) / "fleet")
+    uncertainty = max(c.uncertainty_s or 0.0 for c in clocks.values()) * 1e3
+    out_lines = [
+        f"{rounds} migration(s) per mode of one idle guest (2 vCPUs, 256 MiB, {setup.accelerator}) under "
+        "libvirt, peer to peer between fleet-1 and fleet-2 (each host its own network namespace, sshd and "
+        "libvirtd, on this machine; the RAM over the fleet's bridge), back and forth; medians. The steps as "
+        "above, on this machine's clock: the optimizer's stamps (plan, layout) were taken on the destination "
+        f"host, the Transferer's on the source, each put here with its host's measured offset (at most "
+        f"±{uncertainty:.2f} ms). to destination = planned (or migration start) to libvirt's event of the "
+        "incoming QEMU started (bound and pinned by libvirt from the planned XML); layout before switch-over "
+        "= the optimizer's layout_applied before the source paused; guest paused ms = the source paused to "
+        "the guest running on the destination (libvirt's events, one clock: what the guest loses), next to "
+        "libvirt's downtime (QEMU's, which ends when the last state is sent).",
+        "",
+        "| policy | mode | plan ms | to destination ms | layout before switch-over | RAM s "
+        "| libvirt total ms | downtime ms (libvirt) | guest paused ms | reactive re-plan s |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    return out_lines + [_mechanism_row(policy, mode, steps, paused=True) for policy, mode, steps in rows]
+
+
+def _cross_steps(out: dict) -> dict[str, float]:
+    times = {event: t for event, t in out["timeline"] if t is not None}
+    steps: dict[str, float] = {}
+    planned = times.get("layout_planned", times["migration_start"])
+    steps["to_destination"] = times["destination_started"] - planned
+    if "layout_planned" in times:
+        steps["plan"] = times["layout_planned"] - times["profile_received"]
+        steps["before_switchover"] = float(times.get("layout_applied", 1e9) <= times["source_paused"])
+    steps["ram"] = times["completed"] - times["ram_transfer_start"]
+    if "reactive_applied" in times:
+        steps["reactive"] = times["reactive_applied"] - times["completed"]
+    for key, name in (("total_time_ms", "total_ms"), ("downtime_ms", "downtime_ms"),
+                      ("downtime_source_paused_to_running_ms", "paused_ms")):  # fmt: skip
+        if out.get(key) is not None:
+            steps[name] = float(out[key])
+    return steps
 
 
 def _median(steps: dict[str, list[float]], name: str, scale: float = 1.0, fmt: str = ".1f") -> str:
@@ -184,7 +263,7 @@ def _steps(times: dict[str, float], result) -> dict[str, float]:
     return steps
 
 
-def tables(runs: int, migrations: int, hosts: int, seed: int, live: int = 3) -> str:
+def tables(runs: int, migrations: int, hosts: int, seed: int, live: int = 3, cross: int = 3) -> str:
     out = [
         f"NUMA layout benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
         f"Python {platform.python_version()}, numpy {np.__version__}",
@@ -236,6 +315,9 @@ def tables(runs: int, migrations: int, hosts: int, seed: int, live: int = 3) -> 
     if live > 0:
         out += ["", "### The live mechanism on this host: localhost live migrations of a TCG guest", ""]
         out += live_mechanism(live)
+    if cross > 0:
+        out += ["", "### The live mechanism across hosts: a TCG guest between two fleet hosts", ""]
+        out += cross_host_mechanism(cross)
     return "\n".join(out) + "\n"
 
 
@@ -303,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--live", type=int, default=3, help="live migrations per mode (0: none)")
+    parser.add_argument("--cross", type=int, default=3, help="migrations per mode between two fleet hosts")
     parser.add_argument("--quick", action="store_true", help="20 runs, 100 hosts, 100 migrations, 1 live")
     parser.add_argument("--write", type=Path, help="also write the markdown to this file")
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.hosts, args.migrations, args.live = 20, 100, 100, 1
-    text = tables(args.runs, args.migrations, args.hosts, args.seed, args.live)
+        args.runs, args.hosts, args.migrations, args.live, args.cross = 20, 100, 100, 1, 1
+    text = tables(args.runs, args.migrations, args.hosts, args.seed, args.live, args.cross)
     sys.stdout.write(text)
     if args.write:
         args.write.write_text(text)

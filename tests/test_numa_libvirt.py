@@ -13,7 +13,7 @@ import pytest
 from virtlab.environments.libvirt import DomainFiles, domain_xml
 from virtlab.environments.vm import VmOptions
 from virtlab.nfs import free_port
-from virtlab.numa.libvirt_layout import migrate_domain, migration_xml
+from virtlab.numa.libvirt_layout import PADDED_RAM_ID, QEMU_NS, migrate_domain, migration_xml, pad_domain_ram
 from virtlab.numa.placement import VmPlacement
 from virtlab.numa.topology import Node, Topology
 
@@ -61,6 +61,25 @@ def test_migration_xml_adds_tuning_where_there_was_none_and_keeps_the_rest():
             (Node(0, (), 1 << 30, 1 << 30),), ((10,),)))  # fmt: skip
 
 
+def test_padded_ram_is_a_backend_of_its_own_that_the_migration_xml_binds():
+    source = ET.tostring(_domain(memory_mb=256), encoding="unicode")
+    padded = pad_domain_ram(source, 256, 8)
+    args = [
+        a.get("value") for a in ET.fromstring(padded).iterfind(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")
+    ]
+    # 256 MiB + 8 KiB: no multiple of 256 KiB, whatever libvirt rounds its own memory to
+    assert args == ["-m", "262152K", "-object", "memory-backend-ram,id=virtlab.ram,size=262152K",
+                    "-machine", "memory-backend=virtlab.ram"]  # fmt: skip
+    assert 'xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0"' in padded and "ns0:" not in padded
+    out = migration_xml(padded, VmPlacement((0,), ((0, 128.0), (1, 128.0))), CPU1)
+    args = [a.get("value") for a in ET.fromstring(out).iterfind(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
+    assert args[3] == "memory-backend-ram,id=virtlab.ram,size=262152K,host-nodes=0-1,policy=bind"
+    # planned again elsewhere: the old binding goes
+    again = migration_xml(out, VmPlacement.local(1, 256), CPU1)
+    assert f"{PADDED_RAM_ID},size=262152K,host-nodes=1,policy=bind" in again
+    assert "host-nodes=0-1" not in again and "ns0:" not in again
+
+
 # --------------------------------------------------------------------------- two real libvirtds
 
 GUEST = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>128</memory><vcpu>1</vcpu>
@@ -69,7 +88,7 @@ GUEST = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>128</memory
 
 
 @pytest.fixture
-def two_daemons(monkeypatch):
+def two_daemons():
     """A source and a destination libvirtd on this host; the destination with a host UUID of its own
     (libvirt refuses to migrate to a host with its own UUID)."""
     from virtlab import testlibvirtd
@@ -80,10 +99,7 @@ def two_daemons(monkeypatch):
     started = []
     try:
         started.append(testlibvirtd.TestLibvirtd().start())
-        monkeypatch.setattr(
-            testlibvirtd, "LIBVIRTD_CONF", testlibvirtd.LIBVIRTD_CONF + f'host_uuid = "{uuid.uuid4()}"\n'
-        )
-        started.append(testlibvirtd.TestLibvirtd().start())
+        started.append(testlibvirtd.TestLibvirtd(host_uuid=str(uuid.uuid4())).start())
     except testlibvirtd.TestLibvirtdError as error:
         for daemon in started:
             daemon.stop()

@@ -60,6 +60,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -585,7 +586,9 @@ def _start_libvirtd(fleet: Fleet, host: FleetHost) -> None:
     """The host's libvirtd (``testlibvirtd``'s daemon, left running in the background) and its
     ``default`` pool in the host's workdir; recorded in fleet.json once it answers."""
     assert host.libvirtd_dir is not None
-    pairs = testlibvirtd.prepare_state(host.libvirtd_dir, testlibvirtd.default_cache_dir())
+    pairs = testlibvirtd.prepare_state(
+        host.libvirtd_dir, testlibvirtd.default_cache_dir(), host_uuid(fleet, host)
+    )
     pid_file = testlibvirtd.pid_path(host.libvirtd_dir)
     pid_file.unlink(missing_ok=True)
     # In the host (its network and hostname), in a mount namespace of its own whose mounts follow
@@ -613,6 +616,12 @@ def _start_libvirtd(fleet: Fleet, host: FleetHost) -> None:
         testlibvirtd.ensure_dir_pool(testlibvirtd.socket_uri(host.libvirtd_dir), POOL_NAME, host.pool_dir)
     except testlibvirtd.TestLibvirtdError as error:
         raise FleetError(f"{host.name}: {error}") from None
+
+
+def host_uuid(fleet: Fleet, host: FleetHost) -> str:
+    """The host UUID of the host's libvirtd: its own (libvirt refuses to migrate a domain to a daemon
+    with the source's UUID, and every daemon here would read this machine's), the same at each start."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"virtlab-fleet:{fleet.id}:{host.name}"))
 
 
 def _start_sshd(fleet: Fleet, host: FleetHost, extra: Sequence[str]) -> None:

@@ -36,6 +36,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -146,16 +147,19 @@ def read_log(directory: Path, limit: int = 5_000) -> str:
     return "\n".join(parts)
 
 
-def prepare_state(directory: Path, cache_dir: Path) -> list[str]:
+def prepare_state(directory: Path, cache_dir: Path, host_uuid: str | None = None) -> list[str]:
     """The private directories of a daemon whose state is ``directory`` (mode 0700), its
-    configuration written; the TARGET=SOURCE pairs that ``start_argv`` binds."""
+    configuration written; the TARGET=SOURCE pairs that ``start_argv`` binds. ``host_uuid``: the
+    daemon's own host UUID (libvirt's default is read from this machine's SMBIOS, the same for every
+    daemon here, and libvirt refuses to migrate a domain to a host with its own UUID)."""
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
     sources = {target: directory / name for target, name in STATE_DIRS.items()}
     sources["/var/cache/libvirt"] = cache_dir
     for source in sources.values():
         source.mkdir(parents=True, exist_ok=True)
-    (directory / "etc" / "libvirtd.conf").write_text(LIBVIRTD_CONF)
+    conf = LIBVIRTD_CONF + (f'host_uuid = "{uuid.UUID(host_uuid)}"\n' if host_uuid is not None else "")
+    (directory / "etc" / "libvirtd.conf").write_text(conf)
     (directory / "etc" / "qemu.conf").write_text(QEMU_CONF)
     socket_path(directory).unlink(missing_ok=True)
     return [f"{target}={source}" for target, source in sources.items()]
@@ -287,9 +291,12 @@ class TestLibvirtd:
         directory: str | os.PathLike[str] | None = None,
         keep: bool = False,
         cache_dir: str | os.PathLike[str] | None = None,
+        host_uuid: str | None = None,
     ) -> None:
         """``directory``: where its state goes (default a fresh temporary one, removed by ``stop``
-        unless ``keep``); ``cache_dir``: its /var/cache/libvirt (default under virtlab's cache)."""
+        unless ``keep``); ``cache_dir``: its /var/cache/libvirt (default under virtlab's cache);
+        ``host_uuid``: its own host UUID (``prepare_state``)."""
+        self.host_uuid = host_uuid
         self._given_dir = Path(directory) if directory is not None else None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.keep = keep or directory is not None
@@ -326,7 +333,7 @@ class TestLibvirtd:
     def start(self) -> TestLibvirtd:
         check_can_start()
         self.dir = self._given_dir or Path(tempfile.mkdtemp(prefix="virtlab-libvirtd-"))
-        pairs = prepare_state(self.dir, self.cache_dir)
+        pairs = prepare_state(self.dir, self.cache_dir, self.host_uuid)
         with open(self.dir / "libvirtd.out", "wb") as out:
             self.process = subprocess.Popen(
                 start_argv(pairs, daemon=False), stdin=subprocess.DEVNULL, stdout=out,

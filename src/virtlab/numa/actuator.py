@@ -302,7 +302,7 @@ class Actuator:
 
     def register_vcpu(self, vm: str, tid: int, pid: int | None = None) -> None:
         """Start monitoring vCPU thread ``tid`` of ``vm`` (its process found from /proc if not given)."""
-        self.monitor.register(vm, pid if pid is not None else _tgid(tid), [tid])
+        self.monitor.register(vm, pid if pid is not None else tgid(tid), [tid])
 
     def unregister_vcpu(self, vm: str, tid: int) -> None:
         self.monitor.unregister(vm, [tid])
@@ -318,7 +318,7 @@ class Actuator:
         return getattr(samples[-1], name) if samples else None
 
 
-def _tgid(tid: int) -> int:
+def tgid(tid: int) -> int:
     for line in Path(f"/proc/{tid}/status").read_text().splitlines():
         if line.startswith("Tgid:"):
             return int(line.split()[1])

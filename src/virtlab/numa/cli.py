@@ -114,8 +114,15 @@ def migrate(
         str, typer.Option(help="miss counts: auto, perf or model (the workload model)")
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="the result as JSON")] = False,
+    inventory: Annotated[
+        Path | None, typer.Option(help="an Ansible inventory: migrate between two of its hosts")
+    ] = None,
+    source: Annotated[str | None, typer.Option("--from", help="with --inventory: the source host")] = None,
+    destination: Annotated[str | None, typer.Option("--to", help="with --inventory: the destination")] = None,
 ) -> None:
     """Boot a guest, live-migrate it into a second QEMU on this host with a policy, print the timeline.
+    With --inventory, --from and --to: boot it under the source host's libvirtd and migrate it peer to
+    peer to the destination's (``virtlab.numa.crosshost``).
 
     proposal policies (simple, dino, asymsched): the profile goes to the destination at migration start,
     which plans, starts the incoming QEMU with its RAM bound to the planned node(s) and pins its vCPUs
@@ -138,11 +145,17 @@ def migrate(
         options = VmOptions(vcpus=vcpus, memory_mb=memory_mb, numa_nodes=numa_nodes, accel=accel)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from error
+    pair = _host_pair(inventory, source, destination)
     work = None if workload == "none" else WORKLOADS.get(workload).from_mapping({"memory_mb": workload_mb})
     say = (lambda _line: None) if as_json else (lambda line: typer.echo(line, err=True))
     setup = prepare_guests(options, build_kernels(), say=say)
     try:
-        out = migrate_guest(setup, policy, params, work, monitor_s, counters, say=say)  # type: ignore[arg-type]
+        if pair is None:
+            out = migrate_guest(setup, policy, params, work, monitor_s, counters, say=say)  # type: ignore[arg-type]
+        else:
+            from virtlab.numa.crosshost import migrate_between
+
+            out = migrate_between(pair, setup, policy, params, work, monitor_s, counters, say=say)
     except MigrationError as error:
         typer.echo(f"migration failed: {error}", err=True)
         raise typer.Exit(1) from None
@@ -154,11 +167,49 @@ def migrate(
         raise typer.Exit(1)  # the migration completed but did not bring the guest across intact
 
 
+def _host_pair(inventory: Path | None, source: str | None, destination: str | None) -> Any:
+    """The hosts of ``--inventory --from --to``, None for a migration on this host."""
+    if inventory is None and source is None and destination is None:
+        return None
+    if inventory is None or source is None or destination is None:
+        raise typer.BadParameter("give --inventory, --from and --to together", param_hint="--inventory")
+    from virtlab.errors import InputError
+    from virtlab.numa.crosshost import hosts_from_inventory
+
+    try:
+        return hosts_from_inventory(inventory, source, destination)
+    except InputError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+
+
+@numa_app.command("serve-migration", hidden=True)
+def serve_migration() -> None:
+    """The destination's optimizer of a migration between hosts (JSON lines on stdin and stdout)."""
+    import sys
+
+    from virtlab.numa.crosshost import serve_migration as serve
+
+    raise typer.Exit(serve(sys.stdin, sys.stdout))
+
+
+@numa_app.command("send-profile", hidden=True)
+def send_profile() -> None:
+    """The Transferer of a migration between hosts, run on the source (JSON lines on stdin and stdout)."""
+    import sys
+
+    from virtlab.numa.crosshost import send_from_source
+
+    raise typer.Exit(send_from_source(sys.stdin, sys.stdout))
+
+
 def _print_migration(policy: str, out: dict[str, Any]) -> None:
+    if "from" in out:
+        typer.echo(f"{out['from']} -> {out['to']}")
     typer.echo(f"{policy} ({out['mode']}): {out['status']} in {out['total_time_ms']} ms, downtime "
                f"{out['downtime_ms']} ms, accelerator {out['accelerator']}")  # fmt: skip
     for event, t in out["timeline"]:
-        typer.echo(f"  {t:8.3f} s  {event}")
+        typer.echo(f"  {t:8.3f} s  {event}" if t is not None else f"  {'?':>8} s  {event} (clock unknown)")
     bound = "not bound" if out["ram_nodes"] is None else f"node(s) {out['ram_nodes']}"
     typer.echo(f"guest RAM at the destination: {bound}")
     for action in out["actions"]:

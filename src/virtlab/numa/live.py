@@ -196,28 +196,13 @@ class LiveVm:
 
     def start(self, argv: Sequence[str]) -> int:
         """Start ``argv`` in the guest; its guest pid. The output is kept by the agent until it ends."""
-        request = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
-        return int(self._agent().execute("guest-exec", request)["pid"])
+        return exec_start(self._agent(), argv)
 
     def poll(self, pid: int) -> GuestRun | None:
-        status = self._agent().execute("guest-exec-status", {"pid": pid})
-        if not status.get("exited"):
-            return None
-        out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
-        err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
-        return GuestRun(status.get("exitcode"), out, err)
+        return exec_status(self._agent(), pid)
 
     def wait(self, pid: int, timeout_s: float) -> GuestRun:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                done = self.poll(pid)
-            except (OSError, GuestAgentError):
-                done = None  # the agent's socket moves with a migration: ask again
-            if done is not None:
-                return done
-            time.sleep(_POLL_S)
-        raise TimeoutError(f"{self.name}: guest command {pid} still running after {timeout_s:g} s")
+        return wait_exec(self.poll, pid, timeout_s, self.name)
 
     def run(self, argv: Sequence[str], timeout_s: float = 60.0) -> GuestRun:
         return self.wait(self.start(argv), timeout_s)
@@ -232,6 +217,35 @@ class LiveVm:
         for qemu in (*self._old, self.qemu):
             qemu.stop()
         self.disk.unlink(missing_ok=True)
+
+
+def exec_start(agent: Any, argv: Sequence[str]) -> int:
+    """Start ``argv`` in a guest through its agent (QMP's or libvirt's); its guest pid."""
+    request = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
+    return int(agent.execute("guest-exec", request)["pid"])
+
+
+def exec_status(agent: Any, pid: int) -> GuestRun | None:
+    """The guest command ``pid`` once it has ended, None while it runs."""
+    status = agent.execute("guest-exec-status", {"pid": pid})
+    if not status.get("exited"):
+        return None
+    out = base64.b64decode(status.get("out-data", "")).decode(errors="replace")
+    err = base64.b64decode(status.get("err-data", "")).decode(errors="replace")
+    return GuestRun(status.get("exitcode"), out, err)
+
+
+def wait_exec(poll: Callable[[int], GuestRun | None], pid: int, timeout_s: float, name: str) -> GuestRun:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            done = poll(pid)
+        except (OSError, GuestAgentError):
+            done = None  # the agent's socket moves with a migration: ask again
+        if done is not None:
+            return done
+        time.sleep(_POLL_S)
+    raise TimeoutError(f"{name}: guest command {pid} still running after {timeout_s:g} s")
 
 
 def boot_all(vms: Sequence[LiveVm], timeout_s: float = _BOOT_TIMEOUT_S) -> dict[str, float]:
@@ -313,11 +327,11 @@ def migrate_guest(
         destination = Monitor(sources, interval_s=1.0)
         optimizer = Optimizer(None, policy, params, monitor=destination)
         window = POLICIES.get(policy).window_s(params) or 0.0
-        duration = int(monitor_s + window + _AFTER_MIGRATION_S)
+        duration = int(monitor_s + window + AFTER_MIGRATION_S)
         try:
             say(f"booting the guest ({setup.accelerator})")
             vm.boot()
-            pid = vm.start(_command(workload, duration)) if workload is not None else None
+            pid = vm.start(command(workload, duration)) if workload is not None else None
             source.register("vm", vm.pid, vm.vcpu_threads(), vm.memory_bytes)
             for second in range(monitor_s):
                 source.sample_once()
@@ -344,7 +358,7 @@ def migrate_guest(
             "memory_check": check[0], "memory_check_detail": check[1]}  # fmt: skip
 
 
-_AFTER_MIGRATION_S = 20
+AFTER_MIGRATION_S = 20
 """How long a workload started before a migration runs on after it was due to start (monitoring,
 reactive's window): long enough for a localhost migration of a TCG guest, so that the program's own
 check at its end reads memory written on both sides."""
@@ -534,7 +548,7 @@ class _CaseRun:
     def _start_workloads(self, source: Monitor, destination: Monitor) -> None:
         self.t0 = time.monotonic()
         for name, workload in self.workloads.items():
-            self.pids[name] = self.vms[name].start(_command(workload, self.case.duration_s))
+            self.pids[name] = self.vms[name].start(command(workload, self.case.duration_s))
             self.series[name].started_s = round(time.monotonic() - self.t0, 3)
         source.start()
         destination.start()
@@ -562,7 +576,7 @@ class _CaseRun:
     def _collect(self) -> None:
         deadline = self.t0 + self.case.duration_s + _SLACK_S
         for name, vm in self.vms.items():
-            _collect(self.series[name], self.workloads[name], vm, self.pids[name], deadline)
+            collect_series(self.series[name], self.workloads[name], vm, self.pids[name], deadline)
         optimizer = self.optimizer
         assert optimizer is not None and self.run.migration is not None
         if self.case.mode == "reactive":
@@ -589,7 +603,7 @@ class _CaseRun:
             self.run.error = "; ".join(f"{s.name}: {s.error}" for s in failed)
 
 
-def _command(workload: Workload, duration_s: int) -> list[str]:
+def command(workload: Workload, duration_s: int) -> list[str]:
     """The workload's command for this run's length (the plan's duration_s is the simulator's too)."""
     params = workload.params.model_copy(update={"duration_s": int(duration_s)})
     return type(workload)(params).command(GUEST_BIN)
@@ -615,7 +629,7 @@ def per_second(output: str) -> tuple[list[float], float, bool | None]:
     return ops, init_s, valid
 
 
-def _collect(series: VmSeries, workload: Workload, vm: LiveVm, pid: int, deadline: float) -> None:
+def collect_series(series: VmSeries, workload: Workload, vm: Any, pid: int, deadline: float) -> None:
     """The workload's per-second throughput on the run's clock: second k of a run that started at s
     (plus its own initialisation) is drawn at s + init + k - 0.5. A run whose own check failed keeps
     its series and says so (``check``); only a passed one becomes a stored trial."""

@@ -394,6 +394,20 @@ class Optimizer:
             self._arrival_done.set()
             self._check_applied()
 
+    def arrival_placed(self, actions: Iterable[Action]) -> None:
+        """The arriving VM's layout was applied by whoever started its QEMU (libvirt, from the
+        migration XML: ``libvirt_layout``) and read back as ``actions``; once the residents are in
+        place too, the layout is applied."""
+        self.record(actions)
+        self._arrival_done.set()
+        self._check_applied()
+
+    def layout_failed(self, error: BaseException) -> None:
+        """The arriving VM's layout is not the plan's: the switch-over must not wait on it."""
+        self._fail(error, "layout_failed")
+        self._arrival_done.set()
+        self._check_applied()
+
     def _check_applied(self) -> None:
         with self._lock:
             if self.applied.is_set() or not (self._residents_done.is_set() and self._arrival_done.is_set()):

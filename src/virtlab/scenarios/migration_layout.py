@@ -185,6 +185,18 @@ class LiveSpec(BaseModel):
     migration_start_s: float | None = Field(
         default=None, gt=0, description="when the live migration starts; default migration_start_s"
     )
+    hosts: tuple[str, str] | None = Field(
+        default=None,
+        description="[source, destination]: two hosts of the plan ([[host]] or its inventory), each with a "
+        "libvirtd, that the migrated VM moves between (virtlab.numa.crosshost; the residents run on the "
+        "destination); default: two QEMUs on this machine",
+    )
+
+    @model_validator(mode="after")
+    def _two_hosts(self) -> LiveSpec:
+        if self.hosts is not None and self.hosts[0] == self.hosts[1]:
+            raise ValueError(f"live.hosts names {self.hosts[0]!r} twice: name a source and a destination")
+        return self
 
 
 class MigrationLayoutConfig(BaseModel):
@@ -435,6 +447,12 @@ class MigrationLayoutScenario(RunsStudy):
             problems = [
                 f"environment {template.name!r}: {p}" for p in template.cls.preflight(template.options, tools)
             ]
+            declared = {h.name: h for h in plan.hosts}
+            problems += [
+                f"migration_layout.live.hosts: no host {name!r} in the plan ([[host]] or its inventory)"
+                for name in config.live.hosts or ()
+                if name not in declared or declared[name].is_local
+            ]
             return kernels_unless(plan, problems, "install what is missing")
         return kernels_for(plan)
 
@@ -507,7 +525,16 @@ class MigrationLayoutScenario(RunsStudy):
             window_s=self.config.window_s, counters=self.config.live.counters,
         )  # fmt: skip
         started = time.time()
-        run = run_live_case(live_case, self._guests, self.out_dir / "runs" / f"{case.name}-{mode}")
+        workdir = self.out_dir / "runs" / f"{case.name}-{mode}"
+        if self.config.live.hosts is not None:
+            from virtlab.numa.crosshost import HostPair, run_host_case
+
+            declared = {h.name: h for h in self.plan.hosts}
+            pair = HostPair(*(declared[name] for name in self.config.live.hosts))
+            workdir.mkdir(parents=True, exist_ok=True)
+            run = run_host_case(live_case, self._guests, pair, workdir, say=self.progress.note)
+        else:
+            run = run_live_case(live_case, self._guests, workdir)
         return self._store_live(case, mode, run, started, self._guests)
 
     # -- storing
