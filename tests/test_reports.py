@@ -423,7 +423,7 @@ def test_html_shows_the_same_tables(sample_html):
     assert html.count('href="#why-a"') == 7 * 5  # results, overhead, verdict, beyond the noise, trials
     assert 'class="num num dropped"' in html
     assert "KVM internal error. Suberror: 1" in html
-    for anchor in ("results", "overhead", "verdict", "charts", "over-time", "trials", "failures"):
+    for anchor in ("results", "overhead", "verdict", "noise", "charts", "over-time", "trials", "failures"):
         assert f'href="#{anchor}"' in html and f'id="{anchor}"' in html
 
 
