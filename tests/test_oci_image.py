@@ -4,9 +4,12 @@ image checked without a pull, the engine's facts."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 from pathlib import Path
+
+import pytest
 
 import engine_kit as kit
 from marks import needs_root, needs_tools
@@ -94,3 +97,34 @@ def test_virtlabs_guest_image_in_podman_and_the_engines_facts(guest_image):
     version = subprocess.run(["podman", "--version"], capture_output=True, text=True, check=True).stdout
     assert engine.version and engine.version in version
     assert engine.storage_driver and engine.runtime
+
+
+@pytest.mark.parametrize(
+    "runtime,shown",
+    [
+        ({"name": "crun", "version": "1.8.1\ncommit: x"}, "crun 1.8.1"),
+        ({"name": "runc", "version": "runc version 1.1.5\nspec: 1.0.2"}, "runc version 1.1.5"),
+        ({"name": "runc"}, "runc"),
+        ({"version": "1.8"}, None),
+        ({}, None),
+    ],
+)
+def test_podmans_runtime_is_named_with_the_first_line_of_its_version(runtime, shown):
+    info = {"host": {"ociRuntime": runtime, "cgroupVersion": "v2"}, "store": {}, "version": {}}
+    facts = oi.parse_podman_info(json.dumps(info))
+    assert (facts.runtime, facts.cgroup_version, facts.version, facts.storage_driver) == (
+        shown,
+        "v2",
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize("given,shown", [("1", "v1"), ("2", "v2"), ("v2", "v2"), (None, None), ("", "")])
+def test_dockers_cgroup_version_reads_like_podmans(given, shown):
+    assert oi.parse_docker_info(json.dumps({"CgroupVersion": given})).cgroup_version == shown
+
+
+def test_an_inspected_size_that_is_no_number_is_none():
+    text = json.dumps([{"Id": "ab", "RepoTags": None, "Size": "n/a"}])
+    assert oi.parse_image_inspect(text, "r") == oi.ImageFacts("r", "sha256:ab", (), None, None)

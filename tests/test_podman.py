@@ -59,6 +59,25 @@ def test_the_run_command_has_the_limits_mounts_and_network():
     assert "--memory" not in pinned
 
 
+def test_the_run_command_in_full_for_each_engine():
+    options = EngineOptions(cpus=0.5, cpu_period_us=50_000, memory_mb=64, network="none")
+    for engine in ("podman", "docker"):
+        argv = ec.run_argv(
+            engine, options, name="n", image="i", bin_dir=PurePath("/k"), scratch=PurePath("/s"),
+            owner="o", hostname="h", limits=LIMITS,
+        )  # fmt: skip
+        swap = ["--memory-swap", "64m"] if ec.local_limits().swap_accounting else []
+        assert argv == [
+            engine, "run", "--detach", "--name", "n", "--hostname", "h", "--label", "virtlab.owner=o",
+            "--network", "none", "--read-only", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run",
+            "--volume", "/k:/opt/virtlab/bin:ro", "--volume", "/s:/mnt", "--workdir", "/mnt",
+            "--ulimit", "nofile=1024:4096", "--ulimit", "nproc=512:1024",
+            *(["--read-only-tmpfs=false"] if engine == "podman" else []),
+            "--cpu-period", "50000", "--cpu-quota", "25000", "--memory", "64m", *swap, "--pids-limit", "-1",
+            "i", "/bin/sh", "-c", ec.INIT_SCRIPT,
+        ]  # fmt: skip
+
+
 def test_options_refuse_a_bad_image_and_unknown_keys():
     assert EngineOptions(image="localhost/x:1").image == "localhost/x:1"
     for bad in ({"image": ""}, {"image": "two words"}, {"pull": True}, {"network": "nat"}):
@@ -67,11 +86,14 @@ def test_options_refuse_a_bad_image_and_unknown_keys():
 
 
 MOUNTINFO = """\
-35 25 0:30 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu
+35 25 0:30 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroupfs rw,cpu
+a line that is no mount
+41 25 0:36 / /sys/fs/cgroup/my\\040devices rw - cgroup cgroup rw,devices
 36 25 0:31 / /sys/fs/cgroup/cpuacct rw,nosuid - cgroup cgroup rw,cpuacct
 37 25 0:32 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
 38 25 0:33 /sandbox /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
-39 25 0:34 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw
+39 25 0:34 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 none rw
+42 25 0:37 / /sys/fs/cgroup/net_cls,net_prio rw,nosuid - cgroup cgroup rw,net_cls,net_prio
 40 25 0:35 / /proc rw - proc proc rw
 """
 
@@ -80,20 +102,27 @@ def test_cgroup_directories_from_proc_and_mountinfo():
     proc = (
         "4:memory:/libpod_parent/libpod-a\n2:cpuacct:/libpod_parent/libpod-a\n1:cpu:/libpod_parent/libpod-a\n"
     )
-    proc += "8:pids:/sandbox/docker/b\n9:freezer:/x\n0::/libpod_parent/libpod-a\n"
+    proc += "8:pids:/sandbox/docker/b\n9:freezer:/x\n0::/libpod_parent/libpod-a\nnot a cgroup line\n"
+    proc += "5:devices:/a:b\n6:net_cls,net_prio:/n\n"
     assert ec.cgroup_dirs(proc, MOUNTINFO) == {
         "memory": "/sys/fs/cgroup/memory/libpod_parent/libpod-a",
         "cpuacct": "/sys/fs/cgroup/cpuacct/libpod_parent/libpod-a",
         "cpu": "/sys/fs/cgroup/cpu/libpod_parent/libpod-a",
         "pids": "/sys/fs/cgroup/pids/docker/b",  # the mount shows the hierarchy from /sandbox
         "": "/sys/fs/cgroup/unified/libpod_parent/libpod-a",
+        "net_cls": "/sys/fs/cgroup/net_cls,net_prio/n",  # two controllers, one hierarchy
+        "net_prio": "/sys/fs/cgroup/net_cls,net_prio/n",
+        "devices": "/sys/fs/cgroup/my devices/a:b",  # mountinfo's \\040 is a space; a path may hold ":"
     }
+    outside = ec.cgroup_dirs("8:pids:/elsewhere/c\n", MOUNTINFO)  # not below the mount's root
+    assert outside == {"pids": "/sys/fs/cgroup/pids/elsewhere/c"}
 
 
 def test_the_inner_pid_is_the_last_of_nspid():
     assert ec.inner_pid_of("Name:\tsh\nNSpid:\t4242\t7\nNStgid:\t4242\t7\n") == 7
     assert ec.inner_pid_of("NSpid:\t15\n") == 15
     assert ec.inner_pid_of("Name:\tsh\n") is None
+    assert ec.inner_pid_of("NSpid:\n") is None
 
 
 def test_leftovers_are_the_containers_with_virtlabs_label():
@@ -102,11 +131,14 @@ def test_leftovers_are_the_containers_with_virtlabs_label():
         {"Name": "user-box", "Config": {"Labels": {"other": "x"}}},
         {"Name": "virtlab-b-2", "Config": {"Labels": {ec.OWNER_LABEL: "{half"}}},
         {"Name": "no-labels", "Config": {"Labels": None}},
+        {"Config": {"Labels": {ec.OWNER_LABEL: "[5]"}}},
     ])  # fmt: skip
     assert ec.owned_containers(inspected) == [
         ("virtlab-a-1", {"owner_pid": 5, "scratch": "/s"}),
         ("virtlab-b-2", {}),
+        ("", {}),  # no name, and a record that is JSON but no owner's
     ]
+    assert ec.owned_containers("") == []
 
 
 # --------------------------------------------------------------------------
