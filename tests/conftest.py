@@ -77,6 +77,7 @@ HEAVIEST_FIRST = (
     "test_remote_container",
     "test_numa_live_migration",
     "test_priority",
+    "test_podman",
 )
 
 

@@ -51,6 +51,9 @@ TEST_TOOLS: dict[str, str] = {
     "chromium": "chromium",
     "virt-xml-validate": "libvirt-clients",
     "xmllint": "libxml2-utils",
+    "podman": "podman",
+    "catatonit": "catatonit",
+    "dockerd": "docker.io",
 }
 
 
