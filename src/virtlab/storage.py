@@ -10,12 +10,23 @@ they are torn down (each unmounts it in its own teardown).
 What an environment cannot mount (a kernel without an NFS client, an SSH host that is not on
 virtlab's network) fails the NFS cells of that environment, with the reason and the mount's log,
 and nothing else: its local-storage cells and the other environments' NFS cells go on.
+
+With ``[study] nfs_server = "HOST"`` the export is served on that inventory host instead
+(``nfs.NfsExport.start_remote``: NFSv4 and NFSv3, bound to the host's address), admitting only the
+study's hosts: each remote host's address, and for this machine the address it reaches the server
+from. It is served before the environments are provisioned (``serve``), because a VM whose disk is
+on it (``nfs_access = "datastore"``) needs it to start; they mount it once they are up (``mount``).
+virtlab's bridge has no route out, so a guest on it cannot reach a server on another host: such an
+environment says so (``mount_nfs``) instead of hanging on a mount.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
-from collections.abc import Callable, Mapping
+import secrets
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +34,40 @@ from typing import Any
 from virtlab import network as vnet
 from virtlab import nfs
 from virtlab.environments._base import Environment, EnvironmentError_
+from virtlab.environments.ssh import ssh_client_options
+from virtlab.hosts import Host, ssh_options
 from virtlab.workloads._base import Workload
 
 NFS = "nfs"
+REMOTE_WORKDIR = "/var/tmp/virtlab"
+"""Under it, on the NFS server's host, the server's directories, when the host names no workdir."""
+
+
+def address_of(name: str) -> str:
+    """``name``'s IPv4 address (itself when it is one): Ganesha's configuration takes addresses."""
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        return str(socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
+    except OSError as error:
+        raise nfs.NfsError(f"{name!r}: cannot resolve it to an address: {error}") from None
+
+
+def source_address(destination: str) -> str:
+    """The address this machine sends from to reach ``destination`` (the kernel's route; nothing sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((destination, 9))
+        return str(probe.getsockname()[0])
+
+
+def client_addresses(hosts: Sequence[Host], server_address: str) -> list[str]:
+    """Who may mount a server at ``server_address``: the study's hosts (``hosts``), each once; this
+    machine (a local host) by the address it reaches the server from."""
+    clients = [source_address(server_address) if host.is_local else address_of(host.address or "")
+               for host in hosts]  # fmt: skip
+    return list(dict.fromkeys(clients))
 
 
 def uses_nfs(workload: Workload) -> bool:
@@ -43,24 +85,50 @@ class SharedStorage:
     """The export (when the study needs one) and where each environment mounted it."""
 
     workdir: Path
+    server: Host | None = None
+    """The inventory host that serves the export (``[study] nfs_server``); None: this machine."""
+    hosts: tuple[Host, ...] = ()
+    """The study's hosts: a server on another host admits them alone."""
     export: nfs.NfsExport | None = None
     mounts: dict[str, str] = field(default_factory=dict)
     problems: dict[str, StorageUnavailable] = field(default_factory=dict)
+    _tried: bool = field(default=False, repr=False)
     _network: vnet.VirtualNetwork | None = field(default=None, repr=False)
     _attachment: vnet.Attachment | None = field(default=None, repr=False)
 
     def start(self, environments: Mapping[str, Environment], note: Callable[[str], None]) -> None:
         """Serve the export and mount it in each of ``environments``; a failure is recorded per
         environment (all of them when the server itself cannot start)."""
+        self.serve(environments, note)
+        if self.export is None:  # the server's own failure, now every one of these environments'
+            problem = next(
+                iter(self.problems.values()), StorageUnavailable("virtlab's NFS export is not running")
+            )
+            self.problems = dict.fromkeys(environments, problem)
+        self.mount(environments, note)
+
+    def serve(self, environments: Iterable[str], note: Callable[[str], None]) -> None:
+        """Start the server (tried once); when it cannot start, every one of ``environments`` (names)
+        has that reason as its problem."""
+        if self._tried:
+            return
+        self._tried = True
         try:
-            self.export = self._serve()
+            self.export = self._serve() if self.server is None else self._serve_remote(self.server)
         except (nfs.NfsError, vnet.NetworkError, OSError) as error:
             log = getattr(error, "log", "")
             problem = StorageUnavailable(f"virtlab's NFS export could not start: {error}", log)
             self.problems = dict.fromkeys(environments, problem)
             note(str(problem))
             return
-        note(f"NFS export {self.export.address}:{self.export.port}{self.export.pseudo_path} (nfs-ganesha)")
+        export = self.export
+        where = f" on {export.host}" if export.host else ""
+        note(f"NFS export {export.address}:{export.port}{export.pseudo_path}{where} (nfs-ganesha)")
+
+    def mount(self, environments: Mapping[str, Environment], note: Callable[[str], None]) -> None:
+        """Mount the served export in each of ``environments``; a failure is recorded per environment."""
+        if self.export is None:
+            return
         for name, environment in environments.items():
             try:
                 self.mounts[name] = environment.mount_nfs(self.export)
@@ -79,6 +147,16 @@ class SharedStorage:
             clients=[str(self._attachment.address.network)],
             workdir=self.workdir / "server",
         )
+
+    def _serve_remote(self, host: Host) -> nfs.NfsExport:
+        options = ssh_options(host)
+        ssh = ["ssh", *ssh_client_options(options), "-p", str(options.port), options.host]
+        bind = address_of(host.test_address or options.host)
+        base = f"{host.workdir or REMOTE_WORKDIR}/nfs-{secrets.token_hex(4)}"
+        return nfs.NfsExport.start_remote(
+            ssh, host.name, f"{base}/export", bind, client_addresses(self.hosts, bind), f"{base}/server",
+            local_log=self.workdir / "server" / f"ssh-{host.name}.log",
+        )  # fmt: skip
 
     def placed(self, environment: str, workload: Workload) -> Workload:
         """``workload`` with its directory inside this environment's mount of the export (unchanged
@@ -100,6 +178,9 @@ class SharedStorage:
     def stop(self) -> None:
         if self.export is not None:
             self.export.stop()
+            if self.export.host is not None:
+                # The files the study wrote on another's host (a datastore's images are gone already).
+                self.export.remove_all()
         network, self._network = self._network, None
         if network is not None:
             network.release()

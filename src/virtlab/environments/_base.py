@@ -213,6 +213,7 @@ class Environment(ABC):
     """The plan's name of the remote host it runs on (``host =``), for its manifest; None: this machine."""
     _provisioned: bool = field(default=False, init=False)
     _nfs_point: str | None = field(default=None, init=False)
+    _nfs_export: NfsExport | None = field(default=None, init=False)
 
     kind: ClassVar[str]
     summary: ClassVar[str]
@@ -308,6 +309,11 @@ class Environment(ABC):
             self._delete()
 
     # -- virtlab's NFS export (seed 003's network storage) --------------------------------
+    def use_nfs_export(self, export: NfsExport) -> None:
+        """The study's export, told before ``provision``: a VM whose disk is a file of it needs it to
+        start (the others mount it later, ``mount_nfs``)."""
+        self._nfs_export = export
+
     def mount_nfs(self, export: NfsExport) -> str:
         """Mount ``export`` in this environment and return the mount point as its commands see it;
         raises EnvironmentError_ (with the log) when it cannot, NotImplementedError for a kind that
