@@ -212,16 +212,17 @@ class NfsExport:
 
     @classmethod
     def start_remote(
-        cls, ssh: list[str], host: str, directory: str, bind: str, clients: list[str], workdir: str,
-        local_log: Path, timeout_s: float = START_TIMEOUT_S,
+        cls, ssh: list[str], host: str, base: str, bind: str, clients: list[str], local_log: Path,
+        timeout_s: float = START_TIMEOUT_S,
     ) -> NfsExport:  # fmt: skip
-        """Serve ``directory`` of ``host`` (reached by ``ssh``) on its address ``bind`` to ``clients``,
-        NFSv4 and NFSv3 (with a private rpcbind: see the module); returns once it serves.
-        ``local_log``: where this machine keeps the session's messages."""
-        for path in (directory, workdir):
-            if not path.startswith("/") or _UNSAYABLE & set(path) or "?" in path or " " in path:
-                raise NfsError(f"{path!r}: the NFS server's directories must be absolute paths without "
-                               "blanks, '?' or the characters of Ganesha's syntax")  # fmt: skip
+        """Serve ``base``/export of ``host`` (reached by ``ssh``; the server's own files in
+        ``base``/server) on its address ``bind`` to ``clients``, NFSv4 and NFSv3 (with a private
+        rpcbind: see the module); returns once it serves. ``local_log``: where this machine keeps
+        the session's messages."""
+        if not base.startswith("/") or _UNSAYABLE & set(base) or "?" in base or " " in base or base == "/":
+            raise NfsError(f"{base!r}: the NFS server's directory must be an absolute path without "
+                           "blanks, '?' or the characters of Ganesha's syntax")  # fmt: skip
+        directory, workdir = f"{base}/export", f"{base}/server"
         export = cls(Path(directory), bind, REMOTE_NFS_PORT, Path(workdir), host=host,
                      mount_port=REMOTE_MOUNT_PORT, ssh=tuple(ssh))  # fmt: skip
         config = render_config(export.directory, bind, export.port, clients, mount_port=export.mount_port)
@@ -235,9 +236,15 @@ class NfsExport:
             )  # fmt: skip
         export._local_log = local_log
         if not export._said_ready(timeout_s):
+            ended = export.process.poll()
             export.stop()
             log = local_log.read_text(errors="replace")[-20_000:]
-            raise NfsError(f"{SERVER} on {host} ({bind}) did not start within {timeout_s:g} s", log)
+            if ended is None:
+                raise NfsError(f"{SERVER} on {host} ({bind}) did not start within {timeout_s:g} s", log)
+            last = log.strip().splitlines()[-1:] or ["no message"]
+            raise NfsError(
+                f"{SERVER} on {host} ({bind}) ended at start (exit status {ended}): {last[0]}", log
+            )
         return export
 
     def _said_ready(self, timeout_s: float) -> bool:
@@ -266,8 +273,8 @@ class NfsExport:
             self._remote(["rm", "-f", "--", str(path)], f"removing {path}")
 
     def remove_all(self) -> None:
-        """Remove the exported directory and the server's own (a stopped server on another host)."""
-        self._remote(["rm", "-rf", "--", str(self.directory), str(self.workdir)], "removing the export")
+        """Remove the server's directory, the export and all (a stopped server on another host)."""
+        self._remote(["rm", "-rf", "--", str(self.directory.parent)], "removing the export")
 
     def _remote(self, argv: list[str], what: str) -> None:
         command = [*self.ssh, "exec " + shlex.join(argv)]

@@ -154,7 +154,7 @@ class SharedStorage:
         bind = address_of(host.test_address or options.host)
         base = f"{host.workdir or REMOTE_WORKDIR}/nfs-{secrets.token_hex(4)}"
         return nfs.NfsExport.start_remote(
-            ssh, host.name, f"{base}/export", bind, client_addresses(self.hosts, bind), f"{base}/server",
+            ssh, host.name, base, bind, client_addresses(self.hosts, bind),
             local_log=self.workdir / "server" / f"ssh-{host.name}.log",
         )  # fmt: skip
 

@@ -25,9 +25,11 @@ Optional hooks: ``_await_exit`` (a lost agent may be QEMU ending), ``_choose_acc
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from abc import abstractmethod
@@ -177,6 +179,18 @@ class VmOptions(EnvironmentOptions):
     def abilities(self) -> tuple[Ability, ...]:
         bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
         return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), SerialConsole(), *bridge)
+
+
+@functools.cache
+def qemu_reads_nfs() -> bool:
+    """Whether this host's QEMU has its NFS block driver (Debian: the block-nfs module of
+    qemu-block-extra), as ``qemu-img --help`` lists its formats."""
+    try:
+        listed = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    formats = next((line for line in listed.splitlines() if line.startswith("Supported formats:")), "")
+    return "nfs" in formats.split()
 
 
 def cpu_model(options: VmOptions, accelerator: str) -> str:
@@ -384,6 +398,15 @@ class GuestVmEnvironment(Environment):
                 problems.append(f"{tool} is not installed on this host (apt-get install {package})")
             if os.geteuid() != 0:
                 problems.append('network = "bridge" needs root (a tap device on virtlab\'s bridge)')
+        if (
+            options.nfs_access == "datastore"
+            and options.datastore_client != "kernel"
+            and not qemu_reads_nfs()
+        ):
+            problems.append(
+                "QEMU's NFS block driver (block-nfs, libnfs) is not installed, which nfs_access = "
+                '"datastore" uses (apt-get install qemu-block-extra)'
+            )
         if options.block_device is not None:
             path = Path(options.block_device)
             if not path.exists():

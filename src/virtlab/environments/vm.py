@@ -365,7 +365,8 @@ class VmEnvironment(GuestVmEnvironment):
             self._stop()
             raise EnvironmentError_(
                 f'VM {self.name}: nfs_access = "datastore" puts a disk on the study\'s NFS export, which '
-                'is served only when a workload has storage = "nfs"'
+                'is not served: no workload has storage = "nfs", or the server did not start (the NFS '
+                "cells say why)"
             )
         client = datastore_client(self.options.datastore_client, nfs.kernel_client_problem())
         name = f"virtlab-{self.name}-{secrets.token_hex(4)}.raw"
