@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import marks
-from virtlab import fleet as fleet_mod
+from fleet_faults import fleet_of
 from virtlab import nfs
 from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.vm import (
@@ -134,10 +134,7 @@ def test_a_plan_names_a_remote_nfs_server_and_datastores_only_on_qmp_vms(server,
 # -- on the fleet ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("nfs-lab") / "fleet"
-    made = fleet_mod.up(2, directory)
-    yield made
-    fleet_mod.down(directory)
+    yield from fleet_of(2, tmp_path_factory.mktemp("nfs-lab") / "fleet")
 
 
 @pytest.fixture(scope="module")
