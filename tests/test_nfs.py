@@ -182,6 +182,17 @@ accel = "tcg"
 vcpus = 1
 memory_mb = 512
 
+# its disk on the export, opened by QEMU (libnfs: NFSv3, so the export is served from a namespace
+# of its own with a private rpcbind)
+[[environment]]
+name = "vm-datastore"
+kind = "vm"
+accel = "tcg"
+vcpus = 1
+memory_mb = 512
+nfs_access = "datastore"
+datastore_mb = 256
+
 [[workload]]
 name = "dd-local"
 kind = "dd"
@@ -209,6 +220,9 @@ def test_a_study_on_nfs_measures_where_it_mounts_and_says_why_elsewhere(guest_im
     failures = {(f["environment"], f["workload"]): f["error"] for f in results["failures"]}
     storage = results["metadata"]["storage"]
     assert storage["server"].startswith("nfs-ganesha") and storage["mounts"]["vm"] == "/mnt/virtlab-nfs"
+    assert storage["mounts"]["vm-datastore"] == "/mnt/virtlab-nfs" and "NFSv3" in storage["protocol"]
+    assert cells[("vm-datastore", "dd-nfs")]["trials"] and ("vm-datastore", "dd-nfs") not in failures
+    assert list((tmp_path / "out" / "storage" / "export").glob("virtlab-vm-datastore-*")) == []  # removed
     # the VM on the bridge wrote through the export: its file system is NFS; its local disk is not
     assert cells[("vm", "dd-nfs")]["trials"] and cells[("vm", "dd-local")]["trials"]
     assert "nfs" not in json.dumps(cells[("vm", "dd-local")].get("params", {}))

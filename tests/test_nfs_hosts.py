@@ -74,7 +74,7 @@ def test_libnfs_names_the_exported_directory_and_a_v4_only_export_says_what_to_d
         with pytest.raises(nfs.NfsError):
             remote.nfs_url(bad)
     here = nfs.NfsExport(tmp_path, "198.18.0.1", 20490, tmp_path)
-    with pytest.raises(nfs.NfsError, match="nfs_server"):
+    with pytest.raises(nfs.NfsError, match="serves NFSv4 only"):
         here.nfs_url("virtlab-vm-1.raw")
     assert remote.describe()["host"] == "storage-1" and remote.describe()["mount_port"] == 20491
 

@@ -18,8 +18,8 @@ Ganesha dies with the virtlab process that started it (PR_SET_PDEATHSIG), so a c
 server behind. Its log is kept in ``workdir`` and is part of any failure's log.
 
 **On another host** (``[study] nfs_server``: an inventory host, as a storage array is a machine of
-its own), ``NfsExport.start_remote(ssh, ...)`` runs the same server there through one SSH session
-(``ssh``: the argv that reaches the host), bound to that host's address, and NFSv3 beside v4: QEMU's
+its own), ``NfsExport.start_remote(shell, ...)`` runs the same server there through one SSH session
+(``shell``: the ssh argv that reaches the host), bound to that host's address, and NFSv3 beside v4: QEMU's
 NFS block driver (libnfs 4.0, ``file.driver=nfs``) mounts with NFSv3 only, which needs a portmapper.
 So the session runs, in a mount namespace of its own (``unshare --mount``) with a tmpfs on /run, a
 private ``rpcbind`` (port 111; its socket /run/rpcbind.sock is that namespace's, so the host's own
@@ -28,7 +28,9 @@ They live as long as the session: the script ends them when its stdin closes (vi
 dies: its ssh gets PR_SET_PDEATHSIG). The host needs root, ``nfs-ganesha``, ``nfs-ganesha-vfs`` and
 ``rpcbind``, and no portmapper of its own on port 111. ``export.nfs_url(name)`` is a file of the
 export as libnfs names it (NFSv3 mounts the directory's own path, not the v4 pseudo path);
-``export.remove(name)`` removes one, on whichever host serves it.
+``export.remove(name)`` removes one, on whichever host serves it. The same server serves NFSv3 on
+this machine when a VM's datastore needs it: ``shell`` is then ``ip netns exec NS sh -c``, a network
+namespace of its own on virtlab's bridge, so that rpcbind's port 111 is open on that one address.
 """
 
 from __future__ import annotations
@@ -181,8 +183,9 @@ class NfsExport:
     ``directory`` are then paths on that host."""
     mount_port: int | None = None
     """NFSv3's MOUNT port, where NFSv3 is served (``start_remote``), else None."""
-    ssh: tuple[str, ...] = field(default=(), repr=False)
-    """The argv that reaches ``host`` (a remote command is appended, as one shlex-joined string)."""
+    shell: tuple[str, ...] = field(default=(), repr=False)
+    """The argv that runs a command line where the server runs (``start_remote``): a command is
+    appended as one shlex-joined string."""
     _local_log: Path = field(default=Path("/nonexistent"), repr=False)
 
     @property
@@ -212,26 +215,27 @@ class NfsExport:
 
     @classmethod
     def start_remote(
-        cls, ssh: list[str], host: str, base: str, bind: str, clients: list[str], local_log: Path,
+        cls, shell: list[str], host: str | None, base: str, bind: str, clients: list[str], local_log: Path,
         timeout_s: float = START_TIMEOUT_S,
     ) -> NfsExport:  # fmt: skip
-        """Serve ``base``/export of ``host`` (reached by ``ssh``; the server's own files in
-        ``base``/server) on its address ``bind`` to ``clients``, NFSv4 and NFSv3 (with a private
-        rpcbind: see the module); returns once it serves. ``local_log``: where this machine keeps
-        the session's messages."""
+        """Serve ``base``/export of ``host`` (the server's own files in ``base``/server) on its address
+        ``bind`` to ``clients``, NFSv4 and NFSv3 (with a private rpcbind: see the module); returns
+        once it serves. ``shell``: the argv that runs a command line where it serves (``ssh ...
+        HOST``; for this machine, ``host`` None, ``ip netns exec NS sh -c``). ``local_log``: where
+        this machine keeps the session's messages."""
         if not base.startswith("/") or _UNSAYABLE & set(base) or "?" in base or " " in base or base == "/":
             raise NfsError(f"{base!r}: the NFS server's directory must be an absolute path without "
                            "blanks, '?' or the characters of Ganesha's syntax")  # fmt: skip
         directory, workdir = f"{base}/export", f"{base}/server"
         export = cls(Path(directory), bind, REMOTE_NFS_PORT, Path(workdir), host=host,
-                     mount_port=REMOTE_MOUNT_PORT, ssh=tuple(ssh))  # fmt: skip
+                     mount_port=REMOTE_MOUNT_PORT, shell=tuple(shell))  # fmt: skip
         config = render_config(export.directory, bind, export.port, clients, mount_port=export.mount_port)
         remote = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REMOTE_SERVER,
                   "nfs-server", workdir, config, bind, directory]  # fmt: skip
         local_log.parent.mkdir(parents=True, exist_ok=True)
         with open(local_log, "wb") as errors:
             export.process = subprocess.Popen(
-                [*ssh, "exec " + shlex.join(remote)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [*shell, "exec " + shlex.join(remote)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=errors, preexec_fn=_die_with_parent, start_new_session=True,
             )  # fmt: skip
         export._local_log = local_log
@@ -240,7 +244,7 @@ class NfsExport:
             export.stop()
             log = local_log.read_text(errors="replace")[-20_000:]
             if ended is None:
-                raise NfsError(f"{SERVER} on {host} ({bind}) did not start within {timeout_s:g} s", log)
+                raise NfsError(f"{SERVER} on {export.where} did not start within {timeout_s:g} s", log)
             last = log.strip().splitlines()[-1:] or ["no message"]
             raise NfsError(
                 f"{SERVER} on {host} ({bind}) ended at start (exit status {ended}): {last[0]}", log
@@ -252,13 +256,17 @@ class NfsExport:
         readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
         return bool(readable) and self.process.stdout.readline().strip() == b"ready"
 
+    @property
+    def where(self) -> str:
+        """The host and address, in messages."""
+        return f"{self.host or 'this machine'} ({self.address})"
+
     def nfs_url(self, name: str) -> str:
         """The file ``name`` of the export as QEMU's NFS driver (libnfs, NFSv3) names it."""
         if self.mount_port is None:
             raise NfsError(
-                f"the export on this machine ({self.address}) serves NFSv4 only, and QEMU's NFS driver "
-                "(libnfs) mounts NFSv3: serve it on an inventory host ([study] nfs_server), or use "
-                'datastore_client = "kernel" on a host whose kernel has an NFS client'
+                f"the export on {self.where} serves NFSv4 only, and QEMU's NFS driver (libnfs) mounts "
+                "NFSv3 (a study serves it when a VM's datastore needs it)"
             )
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise NfsError(f"{name!r}: not a plain file name")
@@ -277,7 +285,7 @@ class NfsExport:
         self._remote(["rm", "-rf", "--", str(self.directory.parent)], "removing the export")
 
     def _remote(self, argv: list[str], what: str) -> None:
-        command = [*self.ssh, "exec " + shlex.join(argv)]
+        command = [*self.shell, "exec " + shlex.join(argv)]
         done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise NfsError(f"{what} on {self.host} failed: {done.stderr.strip()}")
@@ -317,8 +325,8 @@ class NfsExport:
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        if self.host is not None and self.process.stdin is not None:
-            self.process.stdin.close()  # the remote script's cue to end its daemons
+        if self.process.stdin is not None:  # started by start_remote
+            self.process.stdin.close()  # the script's cue to end its daemons
             try:
                 self.process.wait(timeout_s)
                 return

@@ -39,6 +39,8 @@ from virtlab.hosts import Host, ssh_options
 from virtlab.workloads._base import Workload
 
 NFS = "nfs"
+NFS_NETNS_PREFIX = "vlnfs-"
+"""The namespace of an NFSv3 server on this machine (not ``virtlab-``: virtlab.network's sweep)."""
 REMOTE_WORKDIR = "/var/tmp/virtlab"
 """Under it, on the NFS server's host, the server's directories, when the host names no workdir."""
 
@@ -93,6 +95,7 @@ class SharedStorage:
     mounts: dict[str, str] = field(default_factory=dict)
     problems: dict[str, StorageUnavailable] = field(default_factory=dict)
     _tried: bool = field(default=False, repr=False)
+    _netns: str | None = field(default=None, repr=False)
     _network: vnet.VirtualNetwork | None = field(default=None, repr=False)
     _attachment: vnet.Attachment | None = field(default=None, repr=False)
 
@@ -107,14 +110,18 @@ class SharedStorage:
             self.problems = dict.fromkeys(environments, problem)
         self.mount(environments, note)
 
-    def serve(self, environments: Iterable[str], note: Callable[[str], None]) -> None:
+    def serve(self, environments: Iterable[str], note: Callable[[str], None], nfsv3: bool = False) -> None:
         """Start the server (tried once); when it cannot start, every one of ``environments`` (names)
-        has that reason as its problem."""
+        has that reason as its problem. ``nfsv3``: an environment needs NFSv3 (a VM's datastore
+        through libnfs), which a server on this machine then serves from a namespace of its own."""
         if self._tried:
             return
         self._tried = True
         try:
-            self.export = self._serve() if self.server is None else self._serve_remote(self.server)
+            if self.server is not None:
+                self.export = self._serve_remote(self.server)
+            else:
+                self.export = self._serve_nfsv3_here() if nfsv3 else self._serve()
         except (nfs.NfsError, vnet.NetworkError, OSError) as error:
             log = getattr(error, "log", "")
             problem = StorageUnavailable(f"virtlab's NFS export could not start: {error}", log)
@@ -147,6 +154,23 @@ class SharedStorage:
             clients=[str(self._attachment.address.network)],
             workdir=self.workdir / "server",
         )
+
+    def _serve_nfsv3_here(self) -> nfs.NfsExport:
+        """The server and its private rpcbind in a network namespace of their own on virtlab's
+        bridge: rpcbind listens on every address of its namespace, and there it has only this one.
+        This machine keeps its own port on the bridge, from which its QEMUs reach the server."""
+        self._network = vnet.VirtualNetwork.shared()
+        self._network.host_attachment()
+        self._netns = f"{NFS_NETNS_PREFIX}{secrets.token_hex(4)}"
+        vnet.run_ip(["netns", "add", self._netns])
+        vnet.run_ip(["-n", self._netns, "link", "set", "lo", "up"])
+        self._attachment = self._network.attach_namespace(self._netns)
+        assert self._attachment.address is not None
+        return nfs.NfsExport.start_remote(
+            ["ip", "netns", "exec", self._netns, "sh", "-c"], None, str(self.workdir.resolve()),
+            str(self._attachment.address.ip), [str(self._attachment.address.network)],
+            local_log=self.workdir / "server.log",
+        )  # fmt: skip
 
     def _serve_remote(self, host: Host) -> nfs.NfsExport:
         options = ssh_options(host)
@@ -182,5 +206,10 @@ class SharedStorage:
                 # The files the study wrote on another's host (a datastore's images are gone already).
                 self.export.remove_all()
         network, self._network = self._network, None
+        netns, self._netns = self._netns, None
+        if netns is not None:
+            if network is not None and self._attachment is not None:
+                network.detach(self._attachment)
+            vnet.run_ip(["netns", "del", netns], check=False)
         if network is not None:
             network.release()

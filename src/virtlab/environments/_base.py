@@ -250,6 +250,12 @@ class Environment(ABC):
         return None, f"a {cls.kind} environment runs no process of virtlab's on this host"
 
     @classmethod
+    def needs_nfsv3(cls, options: EnvironmentOptions) -> bool:
+        """Whether it reaches the study's NFS export with NFSv3 (a VM's datastore through QEMU's
+        libnfs), which a server on this machine serves only when asked; NFSv4 is always served."""
+        return False
+
+    @classmethod
     def runs_elsewhere(cls, options: EnvironmentOptions) -> bool:
         """Whether it runs on another machine than this one that it reaches by itself (an SSH address,
         a remote libvirt URI) rather than through a host of the plan (``host =``)."""

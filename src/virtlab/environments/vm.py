@@ -49,7 +49,7 @@ from virtlab import network as vnet
 from virtlab import nfs
 from virtlab.build import KernelBuild
 from virtlab.cpulist import cpu_runs
-from virtlab.environments._base import EnvironmentError_, register_environment
+from virtlab.environments._base import EnvironmentError_, EnvironmentOptions, register_environment
 from virtlab.environments._process import run_process
 from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
@@ -356,6 +356,13 @@ class VmEnvironment(GuestVmEnvironment):
         return self._address.split("/")[0] if self._address and self._qemu_alive() else None
 
     # -- the datastore (nfs_access = "datastore") ------------------------------------------
+    @classmethod
+    def needs_nfsv3(cls, options: EnvironmentOptions) -> bool:
+        assert isinstance(options, VmOptions)
+        if options.nfs_access != "datastore":
+            return False
+        return datastore_client(options.datastore_client, nfs.kernel_client_problem()) == "libnfs"
+
     def _make_datastore(self) -> str | None:
         """Create the datastore's image on the study's export; returns what QEMU opens, or None."""
         if self.options.nfs_access != "datastore":

@@ -301,7 +301,10 @@ class GridStudy(Study):
         (``nfs_access = "datastore"``) needs it to boot."""
         users = self._nfs_users()
         if users:
-            self.storage.serve(users, self.progress.note)
+            nfsv3 = any(
+                env.cls.needs_nfsv3(env.options) for env in self.plan.environments if env.name in users
+            )
+            self.storage.serve(users, self.progress.note, nfsv3)
 
     def _start_storage(self) -> None:
         """The NFS export, when a workload of the study works on it, mounted where such a workload
