@@ -12,6 +12,7 @@ import pytest
 
 import marks
 from marks import needs_runc
+from nfs_plans import DATASTORE_VM
 from virtlab import nfs
 from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.native import NativeEnvironment, NativeOptions
@@ -152,7 +153,8 @@ def test_a_tcg_vm_mounts_the_export_and_a_disk_workload_writes_through_it(
         vm.teardown()
 
 
-STUDY = """\
+STUDY = (
+    """\
 [study]
 name = "nfs-storage"
 trials = 1
@@ -181,18 +183,9 @@ kind = "vm"
 accel = "tcg"
 vcpus = 1
 memory_mb = 512
-
-# its disk on the export, opened by QEMU (libnfs: NFSv3, so the export is served from a namespace
-# of its own with a private rpcbind)
-[[environment]]
-name = "vm-datastore"
-kind = "vm"
-accel = "tcg"
-vcpus = 1
-memory_mb = 512
-nfs_access = "datastore"
-datastore_mb = 256
-
+"""
+    + DATASTORE_VM
+    + """
 [[workload]]
 name = "dd-local"
 kind = "dd"
@@ -206,6 +199,7 @@ size_mb = 8
 mode = "write"
 storage = "nfs"
 """
+)
 
 
 @needs_ganesha

@@ -14,6 +14,7 @@ import pytest
 
 import marks
 from fleet_faults import fleet_of
+from nfs_plans import DATASTORE_VM
 from virtlab import nfs
 from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.vm import (
@@ -216,7 +217,8 @@ def test_the_kernel_way_to_a_datastore_is_refused_with_the_reason_where_the_kern
     assert list(served.export.directory.iterdir()) == []
 
 
-STUDY = """\
+STUDY = (
+    """\
 inventory = "{inventory}"
 
 [study]
@@ -229,15 +231,9 @@ nfs_server = "fleet-2"
 name = "native"
 kind = "native"
 
-[[environment]]
-name = "vm-datastore"
-kind = "vm"
-accel = "tcg"
-vcpus = 1
-memory_mb = 512
-nfs_access = "datastore"
-datastore_mb = 256
-
+"""
+    + DATASTORE_VM
+    + """
 [[workload]]
 name = "dd-nfs"
 kind = "dd"
@@ -245,6 +241,7 @@ size_mb = 16
 mode = "write"
 storage = "nfs"
 """
+)
 
 
 @marks.needs_test_hosts
