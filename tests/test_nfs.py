@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 import marks
 from marks import needs_runc
 from nfs_plans import DATASTORE_VM
-from virtlab import nfs
+from virtlab import network as vnet
+from virtlab import nfs, storage
 from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
@@ -231,3 +233,24 @@ def test_a_study_on_nfs_measures_where_it_mounts_and_says_why_elsewhere(guest_im
     assert done.returncode == (0 if not failures else 1), done.stderr
     report = (tmp_path / "out" / "report.md").read_text()
     assert "no NFS client" in report or nfs.kernel_client_problem() is None
+
+
+@marks.needs_root
+def test_the_namespace_of_a_server_whose_virtlab_died_is_removed_and_a_live_ones_kept():
+    assert storage.owner_of_namespace("vlnfs-123-ab12") == 123
+    assert (
+        storage.owner_of_namespace("virtlab-ab12") is None
+        and storage.owner_of_namespace("vlnfs-x-ab") is None
+    )
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs
+    dead.wait()
+    names = [f"vlnfs-{dead.pid}-t1", f"vlnfs-{os.getpid()}-t2"]
+    for name in names:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        removed = storage.remove_dead_server_namespaces()
+        assert names[0] in removed and names[1] not in removed
+        assert names[1] in vnet.named_netns() and names[0] not in vnet.named_netns()
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

@@ -23,6 +23,7 @@ environment says so (``mount_nfs``) instead of hanging on a mount.
 from __future__ import annotations
 
 import ipaddress
+import os
 import posixpath
 import secrets
 import socket
@@ -43,6 +44,24 @@ NFS_NETNS_PREFIX = "vlnfs-"
 """The namespace of an NFSv3 server on this machine (not ``virtlab-``: virtlab.network's sweep)."""
 REMOTE_WORKDIR = "/var/tmp/virtlab"
 """Under it, on the NFS server's host, the server's directories, when the host names no workdir."""
+
+
+def owner_of_namespace(netns: str) -> int | None:
+    """The pid of the virtlab that made an NFS server's namespace ``vlnfs-<pid>-<hex>``, or None."""
+    parts = netns.split("-")
+    if len(parts) != 3 or f"{parts[0]}-" != NFS_NETNS_PREFIX or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+def remove_dead_server_namespaces() -> list[str]:
+    """Remove the namespaces of NFS servers whose virtlab died (its server and rpcbind died with it:
+    PR_SET_PDEATHSIG); returns their names."""
+    dead = [ns for ns in vnet.named_netns()
+            if (pid := owner_of_namespace(ns)) is not None and not vnet.process_running(pid)]  # fmt: skip
+    for netns in dead:
+        vnet.run_ip(["netns", "del", netns], check=False)
+    return dead
 
 
 def address_of(name: str) -> str:
@@ -159,9 +178,10 @@ class SharedStorage:
         """The server and its private rpcbind in a network namespace of their own on virtlab's
         bridge: rpcbind listens on every address of its namespace, and there it has only this one.
         This machine keeps its own port on the bridge, from which its QEMUs reach the server."""
+        remove_dead_server_namespaces()
         self._network = vnet.VirtualNetwork.shared()
         self._network.host_attachment()
-        self._netns = f"{NFS_NETNS_PREFIX}{secrets.token_hex(4)}"
+        self._netns = f"{NFS_NETNS_PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
         vnet.run_ip(["netns", "add", self._netns])
         vnet.run_ip(["-n", self._netns, "link", "set", "lo", "up"])
         self._attachment = self._network.attach_namespace(self._netns)
