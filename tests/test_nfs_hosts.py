@@ -81,10 +81,10 @@ def test_libnfs_names_the_exported_directory_and_a_v4_only_export_says_what_to_d
 
 
 def test_the_server_admits_the_study_hosts_by_their_addresses():
-    hosts = (LOCAL, Host("kvm1", address="10.0.0.11"), Host("kvm2", address="10.0.0.12"),
-             Host("kvm1-again", address="10.0.0.11"))  # fmt: skip
+    kvm2 = Host("kvm2", address="10.0.0.12", test_address="10.1.0.12")  # and its benchmark NIC
+    hosts = (LOCAL, Host("kvm1", address="10.0.0.11"), kvm2, Host("kvm1-again", address="10.0.0.11"))
     # This machine by the address it reaches the server from (here: loopback to loopback).
-    assert client_addresses(hosts, "127.0.0.1") == ["127.0.0.1", "10.0.0.11", "10.0.0.12"]
+    assert client_addresses(hosts, "127.0.0.1") == ["127.0.0.1", "10.0.0.11", "10.0.0.12", "10.1.0.12"]
     with pytest.raises(nfs.NfsError, match="cannot resolve"):
         client_addresses((Host("x", address="no-such-host.invalid"),), "127.0.0.1")
 
@@ -146,7 +146,7 @@ def served(lab, tmp_path_factory):
     storage.serve(["vm"], lambda line: None)
     assert storage.export is not None, storage.problems
     yield storage
-    storage.stop()
+    assert storage.stop() == []
 
 
 def _in(lab, name: str, argv: list[str]) -> subprocess.CompletedProcess[str]:

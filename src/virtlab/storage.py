@@ -27,6 +27,7 @@ import os
 import posixpath
 import secrets
 import socket
+import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,10 +85,15 @@ def source_address(destination: str) -> str:
 
 
 def client_addresses(hosts: Sequence[Host], server_address: str) -> list[str]:
-    """Who may mount a server at ``server_address``: the study's hosts (``hosts``), each once; this
-    machine (a local host) by the address it reaches the server from."""
-    clients = [source_address(server_address) if host.is_local else address_of(host.address or "")
-               for host in hosts]  # fmt: skip
+    """Who may mount a server at ``server_address``: the study's hosts (``hosts``), each once, by
+    its address and its benchmark NIC's (either may carry its traffic to the server); this machine
+    (a local host) by the address it reaches the server from."""
+    clients = []
+    for host in hosts:
+        if host.is_local:
+            clients.append(source_address(server_address))
+        else:
+            clients += [address_of(name) for name in (host.address, host.test_address) if name is not None]
     return list(dict.fromkeys(clients))
 
 
@@ -219,12 +225,17 @@ class SharedStorage:
         return {**self.export.describe(), "mounts": dict(self.mounts),
                 "not_mounted": {name: str(problem) for name, problem in self.problems.items()}}  # fmt: skip
 
-    def stop(self) -> None:
+    def stop(self) -> list[str]:
+        """Stop the server and remove what it made; returns what could not be removed, in words."""
+        left: list[str] = []
         if self.export is not None:
             self.export.stop()
             if self.export.host is not None:
                 # The files the study wrote on another's host (a datastore's images are gone already).
-                self.export.remove_all()
+                try:
+                    self.export.remove_all()
+                except (nfs.NfsError, OSError, subprocess.TimeoutExpired) as error:
+                    left.append(f"the NFS export's files on {self.export.host} were not removed: {error}")
         network, self._network = self._network, None
         netns, self._netns = self._netns, None
         if netns is not None:
@@ -233,3 +244,4 @@ class SharedStorage:
             vnet.run_ip(["netns", "del", netns], check=False)
         if network is not None:
             network.release()
+        return left

@@ -289,7 +289,8 @@ class GridStudy(Study):
         run_by_host(
             environments, lambda e: self._lane(e.name), teardown, self.max_parallel_hosts, start, torn_down
         )
-        self.storage.stop()  # after the environments: each unmounts it first
+        for problem in self.storage.stop():  # after the environments: each unmounts it first
+            self.progress.note(problem)
 
     def _nfs_users(self) -> set[str]:
         """The environments with a cell of a workload on the NFS export."""
