@@ -266,3 +266,13 @@ def test_a_study_serves_its_export_on_the_nfs_server_host_and_leaves_nothing_the
     # The study's files on fleet-2 are gone, and so are its server's processes.
     assert not list(lab.host("fleet-2").workdir.glob("nfs-*"))
     assert not _in(lab, "fleet-2", ["ss", "-Hltn", "sport = :20490"]).stdout.strip()
+
+
+def test_a_study_serves_nfsv3_here_only_for_a_datastore_through_libnfs():
+    def needs(**keys) -> bool:
+        return VmEnvironment.needs_nfsv3(VmOptions(**keys))
+
+    assert needs(nfs_access="datastore", datastore_client="libnfs")
+    assert not needs(nfs_access="datastore", datastore_client="kernel")
+    assert not needs() and not needs(datastore_client="libnfs")  # the guest mounts NFSv4 itself
+    assert needs(nfs_access="datastore") == (nfs.kernel_client_problem() is not None)
