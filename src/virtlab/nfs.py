@@ -36,6 +36,7 @@ namespace of its own on virtlab's bridge, so that rpcbind's port 111 is open on 
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import os
 import re
@@ -53,6 +54,7 @@ SERVER = "ganesha.nfsd"
 PACKAGES = ("nfs-ganesha", "nfs-ganesha-vfs")
 REMOTE_PACKAGES = (*PACKAGES, "rpcbind")
 REMOTE_TOOLS = (SERVER, "rpcbind", "unshare")
+QEMU_NFS_PACKAGE = "qemu-block-extra"
 REMOTE_NFS_PORT = 20490
 """The NFS port of a server on another host (no probe for a free port there: a port in use fails the
 start with Ganesha's own log). Not 2049, where a host's kernel nfsd may listen."""
@@ -360,6 +362,18 @@ def mount_options(export: NfsExport) -> str:
 def mount_argv(export: NfsExport, mount_point: str) -> list[str]:
     return ["mount", "-t", "nfs4", "-o", mount_options(export), f"{export.address}:{export.pseudo_path}",
             mount_point]  # fmt: skip
+
+
+@functools.cache
+def qemu_reads_nfs() -> bool:
+    """Whether this host's QEMU has its NFS block driver (libnfs; Debian's block-nfs module of
+    ``QEMU_NFS_PACKAGE``), as ``qemu-img --help`` lists its formats: a VM's datastore needs it."""
+    try:
+        listed = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    formats = next((line for line in listed.splitlines() if line.startswith("Supported formats:")), "")
+    return "nfs" in formats.split()
 
 
 def kernel_client_available(filesystems: str) -> bool:

@@ -25,11 +25,9 @@ Optional hooks: ``_await_exit`` (a lost agent may be QEMU ending), ``_choose_acc
 from __future__ import annotations
 
 import base64
-import functools
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from abc import abstractmethod
@@ -40,6 +38,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab import network as vnet
+from virtlab import nfs
 from virtlab.build import KernelBuild, build_kernels
 from virtlab.environments._base import (
     BackgroundCommand,
@@ -179,18 +178,6 @@ class VmOptions(EnvironmentOptions):
     def abilities(self) -> tuple[Ability, ...]:
         bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
         return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), SerialConsole(), *bridge)
-
-
-@functools.cache
-def qemu_reads_nfs() -> bool:
-    """Whether this host's QEMU has its NFS block driver (Debian: the block-nfs module of
-    qemu-block-extra), as ``qemu-img --help`` lists its formats."""
-    try:
-        listed = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    formats = next((line for line in listed.splitlines() if line.startswith("Supported formats:")), "")
-    return "nfs" in formats.split()
 
 
 def cpu_model(options: VmOptions, accelerator: str) -> str:
@@ -401,11 +388,11 @@ class GuestVmEnvironment(Environment):
         if (
             options.nfs_access == "datastore"
             and options.datastore_client != "kernel"
-            and not qemu_reads_nfs()
+            and not nfs.qemu_reads_nfs()
         ):
             problems.append(
                 "QEMU's NFS block driver (block-nfs, libnfs) is not installed, which nfs_access = "
-                '"datastore" uses (apt-get install qemu-block-extra)'
+                f'"datastore" uses (apt-get install {nfs.QEMU_NFS_PACKAGE})'
             )
         if options.block_device is not None:
             path = Path(options.block_device)
