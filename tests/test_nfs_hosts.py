@@ -158,12 +158,12 @@ def _in(lab, name: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
 def test_the_server_on_a_fleet_host_binds_its_address_and_refuses_other_hosts(lab, served):
     export = served.export
     assert export.host == "fleet-1" and export.address == lab.host("fleet-1").address
-    listening = _in(lab, "fleet-1", ["ss", "-Hltn"]).stdout
-    for port in (export.port, export.mount_port):
-        assert f"{export.address}]:{port} " in listening or f"{export.address}:{port} " in listening, (
-            listening
-        )
-        assert f"*:{port} " not in listening and f"0.0.0.0:{port} " not in listening
+    listening = _in(lab, "fleet-1", ["ss", "-Hltun"]).stdout  # TCP and UDP
+    for port in (export.port, export.mount_port, 111):  # NFS, MOUNT, the portmapper
+        bound = f"{export.address}]:{port} " in listening or f"{export.address}:{port} " in listening
+        assert bound, listening
+        for anywhere in ("*", "0.0.0.0", "[::]"):
+            assert f" {anywhere}:{port} " not in listening, listening
     url = f"nfs://{export.address}{export.directory}"  # NFSv3 through the portmapper, as QEMU's driver
     here = subprocess.run(["nfs-ls", url], capture_output=True, text=True, timeout=60)
     assert here.returncode == 0, here.stderr + export.log()

@@ -22,11 +22,12 @@ its own), ``NfsExport.start_remote(shell, ...)`` runs the same server there thro
 (``shell``: the ssh argv that reaches the host), bound to that host's address, and NFSv3 beside v4: QEMU's
 NFS block driver (libnfs 4.0, ``file.driver=nfs``) mounts with NFSv3 only, which needs a portmapper.
 So the session runs, in a mount namespace of its own (``unshare --mount``) with a tmpfs on /run, a
-private ``rpcbind`` (port 111; its socket /run/rpcbind.sock is that namespace's, so the host's own
-files are not touched) and Ganesha (NFS on ``REMOTE_NFS_PORT``, MOUNT on ``REMOTE_MOUNT_PORT``).
+private ``rpcbind`` (port 111 of that address only, given to it by ``systemd-socket-activate``; its
+socket /run/rpcbind.sock and /etc/netconfig are that namespace's, so the host's own files are not
+touched) and Ganesha (NFS on ``REMOTE_NFS_PORT``, MOUNT on ``REMOTE_MOUNT_PORT``).
 They live as long as the session: the script ends them when its stdin closes (virtlab stops, or
-dies: its ssh gets PR_SET_PDEATHSIG). The host needs root, ``nfs-ganesha``, ``nfs-ganesha-vfs`` and
-``rpcbind``, and no portmapper of its own on port 111. ``export.nfs_url(name)`` is a file of the
+dies: its ssh gets PR_SET_PDEATHSIG). The host needs root, ``REMOTE_PACKAGES``, and no portmapper
+of its own on port 111 of that address. ``export.nfs_url(name)`` is a file of the
 export as libnfs names it (NFSv3 mounts the directory's own path, not the v4 pseudo path);
 ``export.remove(name)`` removes one, on whichever host serves it. The same server serves NFSv3 on
 this machine when a VM's datastore needs it: ``shell`` is then ``ip netns exec NS sh -c``, a network
@@ -52,8 +53,8 @@ from pathlib import Path
 
 SERVER = "ganesha.nfsd"
 PACKAGES = ("nfs-ganesha", "nfs-ganesha-vfs")
-REMOTE_PACKAGES = (*PACKAGES, "rpcbind")
-REMOTE_TOOLS = (SERVER, "rpcbind", "unshare")
+REMOTE_PACKAGES = (*PACKAGES, "rpcbind", "systemd")
+REMOTE_TOOLS = (SERVER, "rpcbind", "systemd-socket-activate", "unshare")
 QEMU_NFS_PACKAGE = "qemu-block-extra"
 REMOTE_NFS_PORT = 20490
 """The NFS port of a server on another host (no probe for a free port there: a port in use fails the
@@ -137,17 +138,21 @@ def free_port(address: str) -> int:
 
 
 # The server on another host, run by ``sh -c`` inside ``unshare --mount --propagation private``:
-# $1 workdir, $2 Ganesha's configuration, $3 the address rpcbind answers UDP on, $4 the exported
-# directory. It prints "ready" once Ganesha serves, then waits for its stdin to close (this
+# $1 workdir, $2 Ganesha's configuration, $3 the server's address, $4 the exported directory, $5
+# the netconfig. It prints "ready" once Ganesha serves, then waits for its stdin to close (this
 # machine's ssh ending), and ends both daemons; at a failed start, Ganesha's log goes to stderr.
+# rpcbind binds only what it is given: its TCP port on $3 and its socket, handed over by
+# systemd-socket-activate (it execs rpcbind at the first connection: Ganesha's registration);
+# UDP on $3 (and 127.0.0.1) by -h; no IPv6, which the netconfig of this namespace leaves out.
 _REMOTE_SERVER = r"""
 set -u
 workdir=$1 log=$1/ganesha.log
 mkdir -p "$workdir" "$4" || exit 3
-printf '%s' "$2" > "$workdir/ganesha.conf" && : > "$log" || exit 3
-mount -t tmpfs -o mode=0755 virtlab-nfs-run /run || exit 3
+printf '%s' "$2" > "$workdir/ganesha.conf" && printf '%s' "$5" > "$workdir/netconfig" && : > "$log" || exit 3
+mount -t tmpfs -o mode=0755 virtlab-nfs-run /run && mount --bind "$workdir/netconfig" /etc/netconfig || exit 3
 mkdir -p /run/rpcbind && chown _rpc /run/rpcbind 2>/dev/null
-rpcbind -f -h "$3" & rpcb=$!
+systemd-socket-activate -l "$3:111" -l /run/rpcbind.sock \
+    rpcbind -f -h "$3" 2>>"$workdir/rpcbind.log" & rpcb=$!
 trap 'kill $rpcb ${ganesha:-} 2>/dev/null; wait' EXIT
 trap 'exit 1' HUP INT TERM
 i=0
@@ -165,6 +170,15 @@ until grep -q "NFS SERVER INITIALIZED" "$log"; do
 done
 echo ready
 read -r _ || true
+"""
+
+
+# libtirpc's transports in the server's namespace: IPv4 only (Ganesha wants a udp entry to start).
+_NETCONFIG = """\
+udp        tpi_clts      v     inet     udp     -       -
+tcp        tpi_cots_ord  v     inet     tcp     -       -
+local      tpi_cots_ord  -     loopback -       -       -
+unix       tpi_cots_ord  -     loopback -       -       -
 """
 
 
@@ -233,7 +247,7 @@ class NfsExport:
                      mount_port=REMOTE_MOUNT_PORT, shell=tuple(shell))  # fmt: skip
         config = render_config(export.directory, bind, export.port, clients, mount_port=export.mount_port)
         remote = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REMOTE_SERVER,
-                  "nfs-server", workdir, config, bind, directory]  # fmt: skip
+                  "nfs-server", workdir, config, bind, directory, _NETCONFIG]  # fmt: skip
         local_log.parent.mkdir(parents=True, exist_ok=True)
         with open(local_log, "wb") as errors:
             export.process = subprocess.Popen(

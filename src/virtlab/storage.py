@@ -182,8 +182,9 @@ class SharedStorage:
 
     def _serve_nfsv3_here(self) -> nfs.NfsExport:
         """The server and its private rpcbind in a network namespace of their own on virtlab's
-        bridge: rpcbind listens on every address of its namespace, and there it has only this one.
-        This machine keeps its own port on the bridge, from which its QEMUs reach the server."""
+        bridge, with an address of their own: port 111 of this machine's addresses stays free (a
+        system rpcbind may have it) and nothing of the server listens on them. This machine keeps
+        its own port on the bridge, from which its QEMUs reach the server."""
         remove_dead_server_namespaces()
         self._network = vnet.VirtualNetwork.shared()
         self._network.host_attachment()
