@@ -431,11 +431,12 @@ class VmEnvironment(GuestVmEnvironment):
     def mount_nfs(self, export: nfs.NfsExport) -> str:
         if self.options.nfs_access == "datastore":
             return self._mount_datastore()
-        if export.host is not None and self.options.network == "bridge":
+        if export.host is not None:
             raise EnvironmentError_(
-                f"the NFS export is served on host {export.host!r} ({export.address}), and virtlab's bridge, "
-                'where this guest is, has no route out: use nfs_access = "datastore" (its disk on the '
-                "export, opened by QEMU on this host)"
+                f"the NFS export is served on host {export.host!r} ({export.address}), and this guest "
+                "reaches nothing beyond this machine (virtlab's bridge has no route out: QEMU's user "
+                'network is restricted): use nfs_access = "datastore" (its disk on the export, opened by '
+                "QEMU on this host)"
             )
         return super().mount_nfs(export)
 
