@@ -1,4 +1,4 @@
-"""Faults of a test fleet's hosts during a study (``virtlab hosts fleet``)."""
+"""A test fleet for a module's tests, and faults of its hosts during a study (``virtlab hosts fleet``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from virtlab import fleet as fleet_mod
+
+
+def fleet_of(count: int, directory: Path) -> Iterator[fleet_mod.Fleet]:
+    """A fleet of ``count`` hosts in ``directory`` for as long as the generator lives (a module
+    fixture yields from it), removed after."""
+    made = fleet_mod.up(count, directory)
+    try:
+        yield made
+    finally:
+        fleet_mod.down(directory)
 
 
 @contextmanager

@@ -390,3 +390,6 @@ def test_nfs_checks_agree_with_the_host(report):
     assert (client.status == "ok") == ("nfs4" in filesystems or has_module)
     if client.status != "ok":
         assert "no NFS client" in client.detail and client.fix
+    qemu_nfs = report.check("QEMU's NFS block driver")
+    listed = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True).stdout
+    assert (qemu_nfs.status == "ok") == (" nfs " in listed.split("Supported formats:")[-1] + " ")

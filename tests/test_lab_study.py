@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import marks
-from fleet_faults import host_lost_when
+from fleet_faults import fleet_of, host_lost_when
 from virtlab import fleet as fleet_mod
 from virtlab import network as vnet
 from virtlab.errors import InputError
@@ -35,10 +35,7 @@ IDLE_S = 1.0
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("lab") / "fleet"
-    made = fleet_mod.up(2, directory)
-    yield made
-    fleet_mod.down(directory)
+    yield from fleet_of(2, tmp_path_factory.mktemp("lab") / "fleet")
 
 
 def plan_text(lab, max_parallel_hosts: int, trials: int = TRIALS) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 
 import marks
 from marks import needs_runc
-from virtlab import nfs
+from nfs_plans import DATASTORE_VM
+from virtlab import network as vnet
+from virtlab import nfs, storage
 from virtlab.environments._base import EnvironmentError_
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.environments.vm import VmEnvironment, VmOptions
@@ -152,7 +155,8 @@ def test_a_tcg_vm_mounts_the_export_and_a_disk_workload_writes_through_it(
         vm.teardown()
 
 
-STUDY = """\
+STUDY = (
+    """\
 [study]
 name = "nfs-storage"
 trials = 1
@@ -181,7 +185,9 @@ kind = "vm"
 accel = "tcg"
 vcpus = 1
 memory_mb = 512
-
+"""
+    + DATASTORE_VM
+    + """
 [[workload]]
 name = "dd-local"
 kind = "dd"
@@ -195,6 +201,7 @@ size_mb = 8
 mode = "write"
 storage = "nfs"
 """
+)
 
 
 @needs_ganesha
@@ -209,6 +216,9 @@ def test_a_study_on_nfs_measures_where_it_mounts_and_says_why_elsewhere(guest_im
     failures = {(f["environment"], f["workload"]): f["error"] for f in results["failures"]}
     storage = results["metadata"]["storage"]
     assert storage["server"].startswith("nfs-ganesha") and storage["mounts"]["vm"] == "/mnt/virtlab-nfs"
+    assert storage["mounts"]["vm-datastore"] == "/mnt/virtlab-nfs" and "NFSv3" in storage["protocol"]
+    assert cells[("vm-datastore", "dd-nfs")]["trials"] and ("vm-datastore", "dd-nfs") not in failures
+    assert list((tmp_path / "out" / "storage" / "export").glob("virtlab-vm-datastore-*")) == []  # removed
     # the VM on the bridge wrote through the export: its file system is NFS; its local disk is not
     assert cells[("vm", "dd-nfs")]["trials"] and cells[("vm", "dd-local")]["trials"]
     assert "nfs" not in json.dumps(cells[("vm", "dd-local")].get("params", {}))
@@ -223,3 +233,24 @@ def test_a_study_on_nfs_measures_where_it_mounts_and_says_why_elsewhere(guest_im
     assert done.returncode == (0 if not failures else 1), done.stderr
     report = (tmp_path / "out" / "report.md").read_text()
     assert "no NFS client" in report or nfs.kernel_client_problem() is None
+
+
+@marks.needs_root
+def test_the_namespace_of_a_server_whose_virtlab_died_is_removed_and_a_live_ones_kept():
+    assert storage.owner_of_namespace("vlnfs-123-ab12") == 123
+    assert (
+        storage.owner_of_namespace("virtlab-ab12") is None
+        and storage.owner_of_namespace("vlnfs-x-ab") is None
+    )
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs
+    dead.wait()
+    names = [f"vlnfs-{dead.pid}-t1", f"vlnfs-{os.getpid()}-t2"]
+    for name in names:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        removed = storage.remove_dead_server_namespaces()
+        assert names[0] in removed and names[1] not in removed
+        assert names[1] in vnet.named_netns() and names[0] not in vnet.named_netns()
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)

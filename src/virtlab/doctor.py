@@ -130,6 +130,7 @@ def run_doctor(refresh: bool = False, probe_timeout_s: float = 20) -> DoctorRepo
         *(_check_program(tool, f"apt-get install {pkg}") for tool, pkg in TOOL_PACKAGES.items()),
         _check_nfs_server(),
         _check_nfs_client(),
+        _check_qemu_nfs(),
         _check_numa(),
         _check_perf_counters(),
         _check_resctrl(),
@@ -276,6 +277,14 @@ def _check_nfs_client() -> Check:
         detail = f"{problem}: native and container NFS cells cannot run; guests mount with their own kernel"
         return Check(name, "missing", detail, "a host kernel with CONFIG_NFS_V4")
     return Check(name, "ok", "nfs4 available (native and containers can mount virtlab's export)")
+
+
+def _check_qemu_nfs() -> Check:
+    name = "QEMU's NFS block driver"
+    if nfs.qemu_reads_nfs():
+        return Check(name, "ok", 'libnfs: a VM\'s disk on the NFS export (nfs_access = "datastore")')
+    detail = 'no nfs in qemu-img\'s formats: nfs_access = "datastore" needs datastore_client = "kernel"'
+    return Check(name, "missing", detail, f"apt-get install {nfs.QEMU_NFS_PACKAGE}")
 
 
 def _check_numa() -> Check:

@@ -16,13 +16,33 @@ The whole API::
 
 Ganesha dies with the virtlab process that started it (PR_SET_PDEATHSIG), so a crash leaves no
 server behind. Its log is kept in ``workdir`` and is part of any failure's log.
+
+**On another host** (``[study] nfs_server``: an inventory host, as a storage array is a machine of
+its own), ``NfsExport.start_remote(shell, ...)`` runs the same server there through one SSH session
+(``shell``: the ssh argv that reaches the host), bound to that host's address, and NFSv3 beside v4: QEMU's
+NFS block driver (libnfs 4.0, ``file.driver=nfs``) mounts with NFSv3 only, which needs a portmapper.
+So the session runs, in a mount namespace of its own (``unshare --mount``) with a tmpfs on /run, a
+private ``rpcbind`` (port 111 of that address only, given to it by ``systemd-socket-activate``; its
+socket /run/rpcbind.sock and /etc/netconfig are that namespace's, so the host's own files are not
+touched) and Ganesha (NFS on ``REMOTE_NFS_PORT``, MOUNT on ``REMOTE_MOUNT_PORT``).
+They live as long as the session: the script ends them when its stdin closes (virtlab stops, or
+dies: its ssh gets PR_SET_PDEATHSIG). The host needs root, ``REMOTE_PACKAGES``, and no portmapper
+of its own on port 111 of that address. ``export.nfs_url(name)`` is a file of the
+export as libnfs names it (NFSv3 mounts the directory's own path, not the v4 pseudo path);
+``export.remove(name)`` removes one, on whichever host serves it. The same server serves NFSv3 on
+this machine when a VM's datastore needs it: ``shell`` is then ``ip netns exec NS sh -c``, a network
+namespace of its own on virtlab's bridge, so that rpcbind's port 111 is open on that one address.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import ipaddress
 import os
+import re
+import select
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +53,14 @@ from pathlib import Path
 
 SERVER = "ganesha.nfsd"
 PACKAGES = ("nfs-ganesha", "nfs-ganesha-vfs")
+REMOTE_PACKAGES = (*PACKAGES, "rpcbind", "systemd")
+REMOTE_TOOLS = (SERVER, "rpcbind", "systemd-socket-activate", "unshare")
+QEMU_NFS_PACKAGE = "qemu-block-extra"
+REMOTE_NFS_PORT = 20490
+"""The NFS port of a server on another host (no probe for a free port there: a port in use fails the
+start with Ganesha's own log). Not 2049, where a host's kernel nfsd may listen."""
+REMOTE_MOUNT_PORT = 20491
+"""NFSv3's MOUNT service of that server (libnfs asks the portmapper for it)."""
 PSEUDO_PATH = "/virtlab"
 START_TIMEOUT_S = 30.0
 _PR_SET_PDEATHSIG = 1
@@ -54,9 +82,13 @@ def missing() -> str | None:
     return None
 
 
-def render_config(directory: Path, bind: str, port: int, clients: list[str]) -> str:
+def render_config(
+    directory: Path, bind: str, port: int, clients: list[str], mount_port: int | None = None
+) -> str:
     """Ganesha's configuration: NFSv4 over TCP only, one read-write export of ``directory``, root
-    not squashed (the disk workloads run as root in every environment), admitted to ``clients``."""
+    not squashed (the disk workloads run as root in every environment), admitted to ``clients``.
+    With ``mount_port``, NFSv3 too (its MOUNT service on that port, registered with a portmapper),
+    for libnfs's client in QEMU; still TCP only."""
     for text in (str(directory), *clients):
         if _UNSAYABLE & set(text):
             raise NfsError(f"{text!r}: cannot be written into NFS-Ganesha's configuration")
@@ -64,10 +96,12 @@ def render_config(directory: Path, bind: str, port: int, clients: list[str]) -> 
     for client in clients:
         ipaddress.ip_network(client, strict=False)
     client_list = ", ".join(clients)
+    protocols = "4" if mount_port is None else "3, 4"
+    nfs3 = "" if mount_port is None else f"\n    MNT_Port = {mount_port};\n    Enable_UDP = false;"
     return f"""\
 NFS_CORE_PARAM {{
-    Protocols = 4;
-    NFS_Port = {port};
+    Protocols = {protocols};
+    NFS_Port = {port};{nfs3}
     Bind_addr = {bind};
     Enable_NLM = false;
     Enable_RQUOTA = false;
@@ -81,7 +115,7 @@ EXPORT {{
     Export_Id = 1;
     Path = "{directory}";
     Pseudo = "{PSEUDO_PATH}";
-    Protocols = 4;
+    Protocols = {protocols};
     Transports = TCP;
     SecType = sys;
     Access_Type = None;        # nobody but the clients below
@@ -103,6 +137,51 @@ def free_port(address: str) -> int:
         return int(probe.getsockname()[1])
 
 
+# The server on another host, run by ``sh -c`` inside ``unshare --mount --propagation private``:
+# $1 workdir, $2 Ganesha's configuration, $3 the server's address, $4 the exported directory, $5
+# the netconfig. It prints "ready" once Ganesha serves, then waits for its stdin to close (this
+# machine's ssh ending), and ends both daemons; at a failed start, Ganesha's log goes to stderr.
+# rpcbind binds only what it is given: its TCP port on $3 and its socket, handed over by
+# systemd-socket-activate (it execs rpcbind at the first connection: Ganesha's registration);
+# UDP on $3 (and 127.0.0.1) by -h; no IPv6, which the netconfig of this namespace leaves out.
+_REMOTE_SERVER = r"""
+set -u
+workdir=$1 log=$1/ganesha.log
+mkdir -p "$workdir" "$4" || exit 3
+printf '%s' "$2" > "$workdir/ganesha.conf" && printf '%s' "$5" > "$workdir/netconfig" && : > "$log" || exit 3
+mount -t tmpfs -o mode=0755 virtlab-nfs-run /run && mount --bind "$workdir/netconfig" /etc/netconfig || exit 3
+mkdir -p /run/rpcbind && chown _rpc /run/rpcbind 2>/dev/null
+systemd-socket-activate -l "$3:111" -l /run/rpcbind.sock \
+    rpcbind -f -h "$3" 2>>"$workdir/rpcbind.log" & rpcb=$!
+trap 'kill $rpcb ${ganesha:-} 2>/dev/null; wait' EXIT
+trap 'exit 1' HUP INT TERM
+i=0
+until [ -S /run/rpcbind.sock ]; do
+    kill -0 $rpcb 2>/dev/null && [ $i -lt 100 ] || { echo "rpcbind did not start" >&2; exit 4; }
+    sleep 0.1; i=$((i + 1))
+done
+ganesha.nfsd -F -f "$workdir/ganesha.conf" -L "$log" -p "$workdir/ganesha.pid" & ganesha=$!
+i=0
+until grep -q "NFS SERVER INITIALIZED" "$log"; do
+    if ! kill -0 $ganesha 2>/dev/null || [ $i -ge 300 ]; then
+        echo "ganesha.nfsd did not start" >&2; tail -c 20000 "$log" >&2; exit 5
+    fi
+    sleep 0.1; i=$((i + 1))
+done
+echo ready
+read -r _ || true
+"""
+
+
+# libtirpc's transports in the server's namespace: IPv4 only (Ganesha wants a udp entry to start).
+_NETCONFIG = """\
+udp        tpi_clts      v     inet     udp     -       -
+tcp        tpi_cots_ord  v     inet     tcp     -       -
+local      tpi_cots_ord  -     loopback -       -       -
+unix       tpi_cots_ord  -     loopback -       -       -
+"""
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -115,6 +194,15 @@ class NfsExport:
     workdir: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     pseudo_path: str = PSEUDO_PATH
+    host: str | None = None
+    """The inventory host serving it (``start_remote``); None: this machine. ``workdir`` and
+    ``directory`` are then paths on that host."""
+    mount_port: int | None = None
+    """NFSv3's MOUNT port, where NFSv3 is served (``start_remote``), else None."""
+    shell: tuple[str, ...] = field(default=(), repr=False)
+    """The argv that runs a command line where the server runs (``start_remote``): a command is
+    appended as one shlex-joined string."""
+    _local_log: Path = field(default=Path("/nonexistent"), repr=False)
 
     @property
     def log_path(self) -> Path:
@@ -141,6 +229,83 @@ class NfsExport:
         export._wait_listening()
         return export
 
+    @classmethod
+    def start_remote(
+        cls, shell: list[str], host: str | None, base: str, bind: str, clients: list[str], local_log: Path,
+        timeout_s: float = START_TIMEOUT_S,
+    ) -> NfsExport:  # fmt: skip
+        """Serve ``base``/export of ``host`` (the server's own files in ``base``/server) on its address
+        ``bind`` to ``clients``, NFSv4 and NFSv3 (with a private rpcbind: see the module); returns
+        once it serves. ``shell``: the argv that runs a command line where it serves (``ssh ...
+        HOST``; for this machine, ``host`` None, ``ip netns exec NS sh -c``). ``local_log``: where
+        this machine keeps the session's messages."""
+        if not base.startswith("/") or _UNSAYABLE & set(base) or "?" in base or " " in base or base == "/":
+            raise NfsError(f"{base!r}: the NFS server's directory must be an absolute path without "
+                           "blanks, '?' or the characters of Ganesha's syntax")  # fmt: skip
+        directory, workdir = f"{base}/export", f"{base}/server"
+        export = cls(Path(directory), bind, REMOTE_NFS_PORT, Path(workdir), host=host,
+                     mount_port=REMOTE_MOUNT_PORT, shell=tuple(shell))  # fmt: skip
+        config = render_config(export.directory, bind, export.port, clients, mount_port=export.mount_port)
+        remote = ["unshare", "--mount", "--propagation", "private", "sh", "-c", _REMOTE_SERVER,
+                  "nfs-server", workdir, config, bind, directory, _NETCONFIG]  # fmt: skip
+        local_log.parent.mkdir(parents=True, exist_ok=True)
+        with open(local_log, "wb") as errors:
+            export.process = subprocess.Popen(
+                [*shell, "exec " + shlex.join(remote)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=errors, preexec_fn=_die_with_parent, start_new_session=True,
+            )  # fmt: skip
+        export._local_log = local_log
+        if not export._said_ready(timeout_s):
+            ended = export.process.poll()
+            export.stop()
+            log = local_log.read_text(errors="replace")[-20_000:]
+            if ended is None:
+                raise NfsError(f"{SERVER} on {export.where} did not start within {timeout_s:g} s", log)
+            last = log.strip().splitlines()[-1:] or ["no message"]
+            raise NfsError(
+                f"{SERVER} on {host} ({bind}) ended at start (exit status {ended}): {last[0]}", log
+            )
+        return export
+
+    def _said_ready(self, timeout_s: float) -> bool:
+        assert self.process is not None and self.process.stdout is not None
+        readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        return bool(readable) and self.process.stdout.readline().strip() == b"ready"
+
+    @property
+    def where(self) -> str:
+        """The host and address, in messages."""
+        return f"{self.host or 'this machine'} ({self.address})"
+
+    def nfs_url(self, name: str) -> str:
+        """The file ``name`` of the export as QEMU's NFS driver (libnfs, NFSv3) names it."""
+        if self.mount_port is None:
+            raise NfsError(
+                f"the export on {self.where} serves NFSv4 only, and QEMU's NFS driver (libnfs) mounts "
+                "NFSv3 (a study serves it when a VM's datastore needs it)"
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            raise NfsError(f"{name!r}: not a plain file name")
+        return f"nfs://{self.address}{self.directory}/{name}"
+
+    def remove(self, name: str) -> None:
+        """Remove the file ``name`` of the export, on the host that serves it."""
+        path = self.directory / name
+        if self.host is None:
+            path.unlink(missing_ok=True)
+        else:
+            self._remote(["rm", "-f", "--", str(path)], f"removing {path}")
+
+    def remove_all(self) -> None:
+        """Remove the server's directory, the export and all (a stopped server on another host)."""
+        self._remote(["rm", "-rf", "--", str(self.directory.parent)], "removing the export")
+
+    def _remote(self, argv: list[str], what: str) -> None:
+        command = [*self.shell, "exec " + shlex.join(argv)]
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise NfsError(f"{what} on {self.host} failed: {done.stderr.strip()}")
+
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -163,8 +328,10 @@ class NfsExport:
             return False
 
     def log(self, limit: int = 20_000) -> str:
+        """Ganesha's log (for a server on another host: the session's messages here)."""
         try:
-            return self.log_path.read_text(errors="replace")[-limit:]
+            path = self.log_path if self.host is None else self._local_log
+            return path.read_text(errors="replace")[-limit:]
         except OSError:
             return ""
 
@@ -174,6 +341,13 @@ class NfsExport:
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        if self.process.stdin is not None:  # started by start_remote
+            self.process.stdin.close()  # the script's cue to end its daemons
+            try:
+                self.process.wait(timeout_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
         self.process.terminate()
         try:
             self.process.wait(timeout_s)
@@ -182,9 +356,15 @@ class NfsExport:
             self.process.wait()
 
     def describe(self) -> dict[str, object]:
-        return {"server": "nfs-ganesha (user space)", "protocol": "NFSv4.1 over TCP",
-                "address": self.address, "port": self.port, "export": self.pseudo_path,
-                "directory": str(self.directory)}  # fmt: skip
+        protocol = "NFSv4.1 over TCP" if self.mount_port is None else "NFSv4.1 and NFSv3 over TCP"
+        described: dict[str, object] = {
+            "server": "nfs-ganesha (user space)", "protocol": protocol, "address": self.address,
+            "port": self.port, "export": self.pseudo_path, "directory": str(self.directory),
+            "host": self.host or "this machine",
+        }  # fmt: skip
+        if self.mount_port is not None:
+            described |= {"mount_port": self.mount_port, "portmapper": "rpcbind, private to the server"}
+        return described
 
 
 def mount_options(export: NfsExport) -> str:
@@ -196,6 +376,18 @@ def mount_options(export: NfsExport) -> str:
 def mount_argv(export: NfsExport, mount_point: str) -> list[str]:
     return ["mount", "-t", "nfs4", "-o", mount_options(export), f"{export.address}:{export.pseudo_path}",
             mount_point]  # fmt: skip
+
+
+@functools.cache
+def qemu_reads_nfs() -> bool:
+    """Whether this host's QEMU has its NFS block driver (libnfs; Debian's block-nfs module of
+    ``QEMU_NFS_PACKAGE``), as ``qemu-img --help`` lists its formats: a VM's datastore needs it."""
+    try:
+        listed = subprocess.run(["qemu-img", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    formats = next((line for line in listed.splitlines() if line.startswith("Supported formats:")), "")
+    return "nfs" in formats.split()
 
 
 def kernel_client_available(filesystems: str) -> bool:

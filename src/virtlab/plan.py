@@ -114,6 +114,13 @@ class StudySpec(BaseModel):
         description="the longest a network workload's server lives, whatever becomes of virtlab (it "
         "runs under timeout); default: its trial's timeout + 60 s",
     )
+    nfs_server: str | None = Field(
+        default=None,
+        pattern=_NAME_PATTERN,
+        description='the inventory host that serves the NFS export of storage = "nfs" workloads '
+        "(NFS-Ganesha started there over SSH, admitting the study's hosts only); default: this "
+        "machine, on virtlab's bridge",
+    )
     cpu_sample_interval_s: float | None = Field(
         default=None,
         ge=0.1,
@@ -366,7 +373,20 @@ def parse_plan(
     paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
     plan = Plan(source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen)
     _check_baselines(plan)
+    _check_nfs_server(plan)
     return plan
+
+
+def _check_nfs_server(plan: Plan) -> None:
+    """``nfs_server`` names a declared host reached over SSH (this machine's export needs no key)."""
+    wanted = plan.study.nfs_server
+    if wanted is None:
+        return
+    remote = [host.name for host in plan.hosts if not host.is_local]
+    if wanted not in remote:
+        fix = f"use one of: {', '.join(remote)}" if remote else "declare it in a [[host]] or an inventory"
+        fix += "; or leave nfs_server out for an export on this machine"
+        raise InputError(plan.source, f"study.nfs_server: no remote host named {wanted!r}", fix)
 
 
 def _check_baselines(plan: Plan) -> None:

@@ -213,6 +213,7 @@ class Environment(ABC):
     """The plan's name of the remote host it runs on (``host =``), for its manifest; None: this machine."""
     _provisioned: bool = field(default=False, init=False)
     _nfs_point: str | None = field(default=None, init=False)
+    _nfs_export: NfsExport | None = field(default=None, init=False)
 
     kind: ClassVar[str]
     summary: ClassVar[str]
@@ -247,6 +248,12 @@ class Environment(ABC):
         it: QEMU), "cgroup" (a cgroup holds it: a container), "commands" (each command is a process
         of its own: native); or None and the reason (an SSH host runs elsewhere)."""
         return None, f"a {cls.kind} environment runs no process of virtlab's on this host"
+
+    @classmethod
+    def needs_nfsv3(cls, options: EnvironmentOptions) -> bool:
+        """Whether it reaches the study's NFS export with NFSv3 (a VM's datastore through QEMU's
+        libnfs), which a server on this machine serves only when asked; NFSv4 is always served."""
+        return False
 
     @classmethod
     def runs_elsewhere(cls, options: EnvironmentOptions) -> bool:
@@ -308,6 +315,11 @@ class Environment(ABC):
             self._delete()
 
     # -- virtlab's NFS export (seed 003's network storage) --------------------------------
+    def use_nfs_export(self, export: NfsExport) -> None:
+        """The study's export, told before ``provision``: a VM whose disk is a file of it needs it to
+        start (the others mount it later, ``mount_nfs``)."""
+        self._nfs_export = export
+
     def mount_nfs(self, export: NfsExport) -> str:
         """Mount ``export`` in this environment and return the mount point as its commands see it;
         raises EnvironmentError_ (with the log) when it cannot, NotImplementedError for a kind that

@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from virtlab import network as vnet
+from virtlab import nfs
 from virtlab.build import KernelBuild, build_kernels
 from virtlab.environments._base import (
     BackgroundCommand,
@@ -111,6 +112,19 @@ class VmOptions(EnvironmentOptions):
     block_device: str | None = Field(
         default=None, description="host block device passed through as the second disk"
     )
+    nfs_access: Literal["mount", "datastore"] = Field(
+        default="mount",
+        description='how storage = "nfs" workloads reach the study\'s NFS export: mount = the guest '
+        'mounts it with its own kernel (network = "bridge"); datastore = as an ESXi guest on an NFS '
+        "datastore, a virtual disk whose image is a file of the export, opened by QEMU, ext4 in the guest",
+    )
+    datastore_client: Literal["auto", "libnfs", "kernel"] = Field(
+        default="auto",
+        description="how QEMU reaches the datastore's image: libnfs = QEMU's NFS block driver (user "
+        "space, NFSv3); kernel = a mount of the export on this host; auto: kernel where this host's "
+        "kernel has an NFS client, else libnfs",
+    )
+    datastore_mb: int = Field(default=4096, ge=64, description="size of the datastore's disk (a sparse file)")
     nic: Literal["virtio-net", "e1000", "none"] = Field(
         default="virtio-net", description="NIC model (virtio-net: paravirtual; e1000: an emulated Intel NIC)"
     )
@@ -371,6 +385,15 @@ class GuestVmEnvironment(Environment):
                 problems.append(f"{tool} is not installed on this host (apt-get install {package})")
             if os.geteuid() != 0:
                 problems.append('network = "bridge" needs root (a tap device on virtlab\'s bridge)')
+        if (
+            options.nfs_access == "datastore"
+            and options.datastore_client != "kernel"
+            and not nfs.qemu_reads_nfs()
+        ):
+            problems.append(
+                "QEMU's NFS block driver (block-nfs, libnfs) is not installed, which nfs_access = "
+                f'"datastore" uses (apt-get install {nfs.QEMU_NFS_PACKAGE})'
+            )
         if options.block_device is not None:
             path = Path(options.block_device)
             if not path.exists():
@@ -507,6 +530,7 @@ class GuestVmEnvironment(Environment):
                 "preallocate": self.options.preallocate,
                 "root_sysfs": facts.get("root_sysfs"),
                 "block_device": self.options.block_device,
+                "nfs_access": self.options.nfs_access,
             },
             **self._details,
             **self._qemu_manifest(),

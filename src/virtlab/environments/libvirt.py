@@ -135,6 +135,9 @@ class LibvirtOptions(VmOptions):
             raise ValueError(problem)
         if self.machine == "microvm":
             raise ValueError('libvirt does not define microvm domains: use machine "q35" or "pc"')
+        if self.nfs_access == "datastore":
+            raise ValueError('nfs_access "datastore": a libvirt domain\'s disk is not put on the NFS export; '
+                             'use kind = "vm" on this machine')  # fmt: skip
         if self.network == "bridge":
             # A libvirt domain does not join virtlab's own bridge: a plan that asks for it would
             # silently get slirp instead, and its network figures would not be what it says.
@@ -180,6 +183,10 @@ def uri_problem(uri: str) -> str | None:
 
 REMOTE_VM_REFUSED = {
     "machine": ("microvm", 'libvirt defines no microvm domain: use machine = "q35" or "pc"'),
+    "nfs_access": (
+        "datastore",
+        "a libvirt domain's disk is not put on the NFS export: run it on this machine",
+    ),
 }
 """The values of vm keys that a vm on a remote host, defined through that host's libvirt, cannot
 honour: key -> (value, why). Every other vm key has its libvirt equivalent (``domain_xml``);

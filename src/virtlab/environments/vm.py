@@ -16,6 +16,14 @@ One VM lives from ``provision`` to ``teardown``::
 Accelerator: KVM only when ``virtlab.accel.probe_kvm`` saw guest code really run under it;
 otherwise TCG. The choice and the probe's reason go into the manifest of every result.
 
+Datastore (``nfs_access = "datastore"``, seed 003's second ESXi guest): the disk that the study's
+``storage = "nfs"`` workloads write to is a third drive whose image is a file of the study's NFS
+export, as an ESXi guest's disk on an NFS datastore of its hypervisor. ``_make_datastore`` creates it
+before QEMU starts (``qemu-img create``), through QEMU's own NFS block driver (``nfs://`` URL, libnfs,
+NFSv3: no kernel NFS client needed) or, where this host's kernel has a client, on a kernel mount of
+the export (``datastore_client``, decided by ``datastore_client``); ``mount_nfs`` makes it ext4 in
+the guest and mounts it where the guest's NFS mount would be; teardown removes the image.
+
 Network: ``user`` (the default) is QEMU's user-mode stack with ``restrict=on``: the guest reaches
 nothing beyond QEMU. ``bridge`` gives the NIC a tap device on virtlab's own bridge (``virtlab.network``),
 moved there while QEMU is still paused, and the guest the next address of that network on its kernel
@@ -31,15 +39,18 @@ import re
 import secrets
 import shlex
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from virtlab import network as vnet
+from virtlab import nfs
 from virtlab.build import KernelBuild
 from virtlab.cpulist import cpu_runs
-from virtlab.environments._base import EnvironmentError_, register_environment
+from virtlab.environments._base import EnvironmentError_, EnvironmentOptions, register_environment
+from virtlab.environments._process import run_process
 from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
     PORTABLE_MARCH,
@@ -68,6 +79,7 @@ __all__ = [  # the guest's options and description, shared with libvirt, are als
     "guest_kernel_cflags",
     "kernel_cmdline",
     "numa_layout",
+    "datastore_client",
     "qemu_argv",
 ]
 
@@ -77,6 +89,18 @@ QGA_SOCKET = "qga.sock"
 PIDFILE = "qemu.pid"
 # Crash leftovers are found through these records: one per running VM, naming its owner.
 RUN_DIR = Path("/run/virtlab/vm")
+DATASTORE_SERIAL = "virtlab-datastore"
+"""The datastore disk's serial, by which the guest finds it (/sys/block/*/serial of virtio-blk)."""
+DATASTORE_MOUNT = "datastore"
+"""The export's kernel mount on this host (datastore_client = "kernel"), in the VM's workdir."""
+
+
+def datastore_client(choice: str, kernel_problem: str | None) -> str:
+    """How QEMU reaches a datastore's image: the plan's ``libnfs`` or ``kernel``; ``auto``: the
+    kernel's client where this host has one (``kernel_problem`` None), else QEMU's libnfs."""
+    if choice != "auto":
+        return choice
+    return "kernel" if kernel_problem is None else "libnfs"
 
 
 # --------------------------------------------------------------------------- the QEMU command line
@@ -116,8 +140,12 @@ def qemu_argv(
     qemu: str = QEMU,
     tap: str | None = None,
     mac: str | None = None,
+    datastore: str | None = None,
 ) -> list[str]:
     """The complete QEMU command line of a VM; a pure function of its arguments.
+
+    ``datastore``: the image of a datastore disk (an ``nfs://`` URL for QEMU's NFS driver, or a
+    path), attached as virtio-blk with serial ``DATASTORE_SERIAL`` after the other disks.
 
     The VM starts paused (``-S``): QMP pins its vCPU threads and then lets it run. With
     ``network = "bridge"``, ``tap`` names the tap device QEMU creates and ``mac`` is the NIC's address
@@ -157,6 +185,11 @@ def qemu_argv(
         escaped = str(path).replace(",", ",,")  # QEMU's option syntax doubles a comma in a value
         argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},cache={options.disk_cache}"]
         argv += _disk_devices(options, drive, index)
+    if datastore is not None:
+        escaped = datastore.replace(",", ",,")
+        drive = f"file={escaped},format=raw,if=none,id=datastore,cache={options.disk_cache}"
+        device = f"virtio-blk-pci,drive=datastore,id=datastore-dev,serial={DATASTORE_SERIAL}"
+        argv += ["-drive", drive, "-device", device]
     if options.nic != "none":
         device = "virtio-net-pci" if options.nic == "virtio-net" else "e1000"
         if options.network == "bridge":
@@ -250,6 +283,20 @@ def _qemu_of_pidfile(workdir: Path) -> int | None:
 
 # --------------------------------------------------------------------------- the environment
 
+# In the guest: $1 the datastore disk's serial, $2 the mount point. Inode tables and journal are
+# written now (no lazy init), so that no background writes of ext4 fall into a measurement.
+_MOUNT_DATASTORE = r"""
+set -e
+for d in /sys/block/*; do
+    [ "$(cat "$d/serial" 2>/dev/null)" = "$1" ] && dev=/dev/${d##*/}
+done
+[ -n "${dev:-}" ] || { echo "no disk with serial $1" >&2; exit 3; }
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "$dev"
+mkdir -p "$2"
+mount -t ext4 "$dev" "$2"
+echo "$dev"
+"""
+
 
 def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
     """The host's TSC rate: x86 Linux derives BogoMIPS from it (2 per MHz), unlike "cpu MHz",
@@ -276,6 +323,7 @@ class VmEnvironment(GuestVmEnvironment):
         self._network: vnet.VirtualNetwork | None = None
         self._port: vnet.Attachment | None = None
         self._address: str | None = None
+        self._datastore: dict[str, str] | None = None
 
     def _create(self, kernels: KernelBuild) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -287,6 +335,7 @@ class VmEnvironment(GuestVmEnvironment):
         image = self._image()
         guest_kernels = self._guest_kernels(kernels)
         self._disk = self._make_disk(image, guest_kernels)
+        datastore = self._make_datastore()
         tap, address = self._choose_port()
         try:
             append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz(), ip=address)
@@ -296,7 +345,7 @@ class VmEnvironment(GuestVmEnvironment):
         files = VmFiles(kernel=str(image.kernel), initrd=str(image.initrd), disk=self._disk.name)
         self._argv = qemu_argv(
             self.options, accelerator=self.accelerator, files=files, append=append, name=self.name,
-            tap=tap, mac=bridge_mac(address) if address else None,
+            tap=tap, mac=bridge_mac(address) if address else None, datastore=datastore,
         )  # fmt: skip
         self._provision_guest(
             (self._start, self._boot, self._set_guest_mtu, self._read_facts),
@@ -305,6 +354,101 @@ class VmEnvironment(GuestVmEnvironment):
 
     def network_address(self) -> str | None:
         return self._address.split("/")[0] if self._address and self._qemu_alive() else None
+
+    # -- the datastore (nfs_access = "datastore") ------------------------------------------
+    @classmethod
+    def needs_nfsv3(cls, options: EnvironmentOptions) -> bool:
+        assert isinstance(options, VmOptions)
+        if options.nfs_access != "datastore":
+            return False
+        return datastore_client(options.datastore_client, nfs.kernel_client_problem()) == "libnfs"
+
+    def _make_datastore(self) -> str | None:
+        """Create the datastore's image on the study's export; returns what QEMU opens, or None."""
+        if self.options.nfs_access != "datastore":
+            return None
+        export = self._nfs_export
+        if export is None:
+            self._stop()
+            raise EnvironmentError_(
+                f'VM {self.name}: nfs_access = "datastore" puts a disk on the study\'s NFS export, which '
+                'is not served: no workload has storage = "nfs", or the server did not start (the NFS '
+                "cells say why)"
+            )
+        client = datastore_client(self.options.datastore_client, nfs.kernel_client_problem())
+        name = f"virtlab-{self.name}-{secrets.token_hex(4)}.raw"
+        self._datastore = {"client": client, "name": name}
+        try:
+            target = export.nfs_url(name) if client == "libnfs" else str(self._mount_export(export) / name)
+        except nfs.NfsError as error:
+            self._stop()
+            raise EnvironmentError_(f"VM {self.name}: datastore: {error}", error.log) from error
+        created = run_process(
+            ["qemu-img", "create", "-q", "-f", "raw", target, f"{self.options.datastore_mb}M"], 120
+        )
+        if not created.ok:
+            self._stop()
+            raise EnvironmentError_(
+                f"VM {self.name}: creating the datastore's image {target} failed", created.log()
+            )
+        self._datastore["image"] = target
+        where = f"{export.host}:{export.directory}" if export.host else str(export.directory)
+        self._details["datastore"] = {
+            "client": client, "image": target, "size_mb": self.options.datastore_mb, "export": where,
+            "how": "QEMU's NFS block driver (libnfs, NFSv3, user space)" if client == "libnfs"
+            else "a file of this host's kernel NFS mount of the export",
+        }  # fmt: skip
+        return target
+
+    def _mount_export(self, export: nfs.NfsExport) -> Path:
+        """The export mounted by this host's kernel in the workdir (datastore_client = "kernel")."""
+        problem = nfs.kernel_client_problem()
+        if problem is not None:
+            raise nfs.NfsError(f'datastore_client = "kernel": {problem}; use "libnfs" (or "auto")')
+        point = self.workdir / DATASTORE_MOUNT
+        point.mkdir(exist_ok=True)
+        mounted = run_process(nfs.mount_argv(export, str(point)), 120)
+        if not mounted.ok:
+            raise nfs.NfsError(f"mounting the export at {point} failed", mounted.log())
+        assert self._datastore is not None
+        self._datastore["mount"] = str(point)
+        return point
+
+    def _remove_datastore(self) -> None:
+        """After QEMU has ended: the image removed, the host's mount of the export undone."""
+        datastore, self._datastore = self._datastore, None
+        if datastore is None:
+            return
+        if datastore.get("mount"):
+            Path(datastore["mount"], datastore["name"]).unlink(missing_ok=True)
+            run_process(["umount", "-l", datastore["mount"]], 60)
+        elif self._nfs_export is not None and datastore.get("image"):
+            try:
+                self._nfs_export.remove(datastore["name"])
+            except (nfs.NfsError, OSError, subprocess.TimeoutExpired) as error:
+                self.say(f"the datastore's image {datastore['image']} was not removed: {error}")
+
+    def mount_nfs(self, export: nfs.NfsExport) -> str:
+        if self.options.nfs_access == "datastore":
+            return self._mount_datastore()
+        if export.host is not None:
+            raise EnvironmentError_(
+                f"the NFS export is served on host {export.host!r} ({export.address}), and this guest "
+                "reaches nothing beyond this machine (virtlab's bridge has no route out: QEMU's user "
+                'network is restricted): use nfs_access = "datastore" (its disk on the export, opened by '
+                "QEMU on this host)"
+            )
+        return super().mount_nfs(export)
+
+    def _mount_datastore(self) -> str:
+        """The datastore disk made ext4 and mounted in the guest, where its NFS mount would be."""
+        point = self._nfs_mount_point()
+        made = self.run(["sh", "-c", _MOUNT_DATASTORE, "datastore", DATASTORE_SERIAL, point], timeout_s=600)
+        if not made.ok:
+            raise EnvironmentError_(f"VM {self.name}: the datastore disk could not be mounted", made.log())
+        self._details.setdefault("datastore", {})["guest_device"] = made.stdout.strip()
+        self._nfs_point = point
+        return point
 
     # -- provisioning steps --------------------------------------------------------------
     def _choose_port(self) -> tuple[str | None, str | None]:
@@ -453,6 +597,7 @@ class VmEnvironment(GuestVmEnvironment):
         if self._qemu is not None:
             self._qemu.stop()
         self._leave_network()
+        self._remove_datastore()
         if self._record is not None:
             self._record.unlink(missing_ok=True)
             self._record = None

@@ -61,7 +61,8 @@ class GridStudy(Study):
         self.controls: dict[str, EnvironmentControls] = {}
         self.usage: StudyUsage | None = None
         self._manifests: dict[str, dict[str, Any]] = {}
-        self.storage = SharedStorage(self.out_dir / "storage")
+        server = plan.host(plan.study.nfs_server) if plan.study.nfs_server else None
+        self.storage = SharedStorage(self.out_dir / "storage", server, plan.hosts_used())
         self._rewrite = Throttle(OUTPUTS_EVERY_S)
         self.workloads: dict[str, WorkloadSpec] = {spec.name: spec for spec in plan.workloads}
         # Cells on different hosts run side by side, at most max_parallel_hosts at once; every
@@ -92,6 +93,7 @@ class GridStudy(Study):
         self._show_notices()
         if self.plan.study.cpu_sample_interval_s is not None:
             self.usage = StudyUsage(self.plan.study.cpu_sample_interval_s)
+        self._serve_storage()
         self._provision_all()
         self._start_storage()
         self._check_room()
@@ -131,6 +133,8 @@ class GridStudy(Study):
             workdir = self.out_dir / "environments" / spec.name
             workdir.mkdir(parents=True, exist_ok=True)
             environment = spec.create(workdir)
+            if self.storage.export is not None:
+                environment.use_nfs_export(self.storage.export)
             environment.say = lambda line, env=spec.name: self.progress.trial(env, "provisioning", line[:80])
             self.progress.note(f"provisioning {spec.name} ({spec.kind})")
             made[spec.name] = (environment, self._watch_host_side(spec, environment))
@@ -305,13 +309,28 @@ class GridStudy(Study):
         run_by_host(
             environments, lambda e: self._lane(e.name), teardown, self.max_parallel_hosts, start, torn_down
         )
-        self.storage.stop()  # after the environments: each unmounts it first
+        for problem in self.storage.stop():  # after the environments: each unmounts it first
+            self.progress.note(problem)
+
+    def _nfs_users(self) -> set[str]:
+        """The environments with a cell of a workload on the NFS export."""
+        on_nfs = {workload for workload, spec in self.workloads.items() if uses_nfs(spec.workload)}
+        return {env for env, workload in self.cells if workload in on_nfs}
+
+    def _serve_storage(self) -> None:
+        """The NFS export served before the environments start: a VM whose disk is a file of it
+        (``nfs_access = "datastore"``) needs it to boot."""
+        users = self._nfs_users()
+        if users:
+            nfsv3 = any(
+                env.cls.needs_nfsv3(env.options) for env in self.plan.environments if env.name in users
+            )
+            self.storage.serve(users, self.progress.note, nfsv3)
 
     def _start_storage(self) -> None:
         """The NFS export, when a workload of the study works on it, mounted where such a workload
         has a cell; what it is and where it is mounted goes into the study's metadata."""
-        on_nfs = {workload for workload, spec in self.workloads.items() if uses_nfs(spec.workload)}
-        users = {env: self.environments[env] for env, workload in self._runnable() if workload in on_nfs}
+        users = {env: self.environments[env] for env in self._nfs_users() if env in self.environments}
         if not users:
             return
         self.storage.start(users, self.progress.note)

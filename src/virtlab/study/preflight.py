@@ -70,7 +70,8 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
             if not uses_nfs(workload.workload):
                 space += space_problems(env, workload, out_dir or Path("results"))
-    if any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
+    served_here = plan.study.nfs_server is None
+    if served_here and any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
         problems.append(f'storage = "nfs": {nfs.missing()}')
     refuse_first(plan, problems)
     refuse_first(plan, space, "make the workload's file smaller or give it a place with room")
@@ -86,6 +87,8 @@ def host_needs(plan: Plan) -> dict[str, list[str]]:
     for env in plan.environments:
         if env.host is not None:
             needs.setdefault(env.host, []).extend(env.cls.remote_host_needs(env.options, tools))
+    if plan.study.nfs_server is not None and any(uses_nfs(spec.workload) for spec in plan.workloads):
+        needs.setdefault(plan.study.nfs_server, []).extend(nfs.REMOTE_TOOLS)
     return {host: sorted(set(wanted)) for host, wanted in needs.items()}
 
 
