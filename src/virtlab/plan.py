@@ -337,7 +337,7 @@ def parse_plan(
     study = _validated(StudySpec, document.get("study"), source, "study")
     hosts = _hosts(document, source, directory or Path("."))
     environments = tuple(
-        _environment(table, source, i, hosts)
+        _environment(table, source, i, hosts, directory or Path("."))
         for i, table in enumerate(_tables(document, "environment", source))
     )
     environments = place_bridged_guests(environments, hosts, source)
@@ -519,13 +519,16 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
     return tuple(hosts)
 
 
-def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...]) -> EnvironmentSpec:
+def _environment(
+    table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...], directory: Path
+) -> EnvironmentSpec:
+    """``directory``: what an option naming a file (a Pod's ``pod_yaml``) is relative to."""
     name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
     host = _placement(table, kind, hosts, source, where)
     if host is None:
         # The ssh kind's own ``host`` (an address) when it names no host of the plan: as before.
         keys = ("name", "kind", "control", "power_plan") + (() if kind == "ssh" else ("host",))
-        options = _validated(cls.Options, _without(table, *keys), source, where)
+        options = _validated(cls.Options, _without(table, *keys), source, where, {"directory": directory})
     else:
         cls, options = _remote(
             kind, host, _without(table, "name", "kind", "control", "host", "power_plan"), source, where
@@ -799,13 +802,15 @@ def _without(table: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {key: value for key, value in table.items() if key not in keys}
 
 
-def _validated(model: type[BaseModel], values: Any, source: str, where: str) -> Any:
+def _validated(
+    model: type[BaseModel], values: Any, source: str, where: str, context: dict[str, Any] | None = None
+) -> Any:
     if values is None:
         values = {}
     if not isinstance(values, dict):
         raise InputError(source, f"{where} must be a table", f"write it as [{where}]")
     try:
-        return model.model_validate(values)
+        return model.model_validate(values, context=context)
     except ValidationError as error:
         raise _input_error(error, model, source, where) from None
 
