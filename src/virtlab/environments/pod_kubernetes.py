@@ -45,7 +45,9 @@ def default_kubeconfig() -> str:
 
 def kubeconfig_problem(kubeconfig: str | None, context: str | None) -> str | None:
     """What stops the client from reaching the cluster the plan names, read from the kubeconfig alone
-    (no connection is made): a missing file, a file that is not one, a context it does not have."""
+    (no connection is made): a missing file, a file that is not one, a context it does not have, a
+    context the client cannot make a connection's configuration of."""
+    import yaml
     from kubernetes import config
 
     path = kubeconfig or default_kubeconfig()
@@ -54,14 +56,19 @@ def kubeconfig_problem(kubeconfig: str | None, context: str | None) -> str | Non
             f'kubeconfig {path} does not exist: give kubeconfig = "/path/to/kubeconfig" (or set KUBECONFIG)'
         )
     try:
-        contexts, active = config.list_kube_config_contexts(config_file=path)
-    except (config.ConfigException, ValueError, TypeError, AttributeError) as error:
-        return f"kubeconfig {path} cannot be read as one: {error}"
-    names = [c.get("name") for c in contexts or []]
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        return f"kubeconfig {path} cannot be read: {error}"
+    contexts = document.get("contexts") if isinstance(document, dict) else None
+    names = [c.get("name") for c in contexts or [] if isinstance(c, dict)]
     if context is not None and context not in names:
         return f"kubeconfig {path} has no context {context!r}; it has: {', '.join(map(str, names)) or 'none'}"
-    if context is None and not active:
+    if context is None and not document.get("current-context"):
         return f'kubeconfig {path} has no current context: give context = "..." (one of {", ".join(names)})'
+    try:
+        config.new_client_from_config(config_file=path, context=context)
+    except (config.ConfigException, ValueError, TypeError, AttributeError, KeyError) as error:
+        return f"kubeconfig {path}, context {context or document.get('current-context')!r}: {error}"
     return None
 
 
