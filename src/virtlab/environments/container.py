@@ -172,7 +172,7 @@ class ContainerEnvironment(Environment):
         if os.geteuid() != 0:
             problems.append("containers need root (runc with cgroup limits and network namespaces)")
         problems += cpu_problems(options.cpus, sorted(os.sched_getaffinity(0)))
-        problems += memory_problems(options.memory_mb, _host_memory_bytes())
+        problems += memory_problems(options.memory_mb, host_memory_bytes())
         problems += guest_tool_problems(tools)
         return problems
 
@@ -216,8 +216,7 @@ class ContainerEnvironment(Environment):
             self._write_owner()
             self.process_started(self.init_pid)
             if self.options.network == "bridge":
-                self._network = vnet.VirtualNetwork.shared(self.options.mtu)
-                self.attachment = self._network.attach_namespace(self.init_pid, "eth0", mtu=self.options.mtu)
+                self._join_network()
         except BaseException as error:
             log = self._runc_log()
             self._delete()
@@ -228,16 +227,31 @@ class ContainerEnvironment(Environment):
     def _delete(self) -> None:
         runc.removed(self)
         try:
+            self._leave_network()
+        finally:
+            if self.container_id:
+                self._remove_container()
+            self.init_pid = None
+
+    def _remove_container(self) -> None:
+        """The container, every process in it, and its files on this host."""
+        paths = [str(path) for path in (self.bundle, self.scratch) if path is not None]
+        runc.remove_container(runc.LOCAL, self.container_id, self.cgroup_paths or {}, *paths)
+
+    def _join_network(self) -> None:
+        """A veth from virtlab's bridge to the container's network namespace, named eth0 there."""
+        assert self.init_pid is not None
+        self._network = vnet.VirtualNetwork.shared(self.options.mtu)
+        self.attachment = self._network.attach_namespace(self.init_pid, "eth0", mtu=self.options.mtu)
+
+    def _leave_network(self) -> None:
+        try:
             if self._network is not None:
                 if self.attachment is not None:
                     self._network.detach(self.attachment)
                 self._network.release()
         finally:
             self._network, self.attachment = None, None
-            if self.container_id:
-                paths = [str(path) for path in (self.bundle, self.scratch) if path is not None]
-                runc.remove_container(runc.LOCAL, self.container_id, self.cgroup_paths or {}, *paths)
-            self.init_pid = None
 
     # -- commands --------------------------------------------------------------------------
     def _nfs_mount_point(self) -> str:
@@ -491,7 +505,7 @@ def memory_problems(memory_mb: int | None, host_memory: int | None) -> list[str]
     return []
 
 
-def _host_memory_bytes() -> int | None:
+def host_memory_bytes() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):

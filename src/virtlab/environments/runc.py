@@ -130,10 +130,7 @@ class LocalRuncHost(RuncHost):
     def signal_leader(self, pid_file: str, sig: int, waiting: subprocess.Popen[Any] | None = None) -> bool:
         deadline = time.monotonic() + (_PID_FILE_WAIT_S if waiting is not None else 0.0)
         while True:
-            try:
-                pid = int(Path(pid_file).read_text())
-            except (OSError, ValueError):
-                pid = None  # runc has not started the process yet
+            pid = self.leader_pid(pid_file)  # None: runc has not started the process yet
             if pid is not None:
                 try:
                     os.killpg(pid, sig)
@@ -143,6 +140,13 @@ class LocalRuncHost(RuncHost):
             if waiting is None or waiting.poll() is not None or time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
+
+    def leader_pid(self, pid_file: str) -> int | None:
+        """The PID on this host that ``pid_file`` names (runc writes this host's PIDs)."""
+        try:
+            return int(Path(pid_file).read_text())
+        except (OSError, ValueError):
+            return None
 
     def finish(self, process: subprocess.Popen[str]) -> tuple[str, str]:
         try:
@@ -272,8 +276,18 @@ def exec_in(
 ) -> CommandResult:
     """``argv`` run in the container to its end; a timeout or Ctrl-C kills it and all it forked
     (its process group inside, by the PID file runc writes), then the local side."""
+    exec_argv = runc_argv("exec", "--pid-file", pid_file, container_id, *argv)
+    return run_exec(host, exec_argv, pid_file, argv, timeout_s)
+
+
+def run_exec(
+    host: RuncHost, exec_argv: list[str], pid_file: str, argv: list[str], timeout_s: float
+) -> CommandResult:
+    """``exec_argv`` (what runs ``argv`` in a container: ``runc exec``, an engine's ``exec``) run to its
+    end; a timeout or Ctrl-C kills the command inside and all it forked (its process group, led by
+    the process ``pid_file`` names, a session leader), then the local side."""
     started = time.monotonic()
-    local_argv, options = host.command(runc_argv("exec", "--pid-file", pid_file, container_id, *argv))
+    local_argv, options = host.command(exec_argv)
     process = subprocess.Popen(
         local_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, errors="replace", **options,
@@ -298,6 +312,13 @@ def exec_in(
 
 def exec_in_background(host: RuncHost, container_id: str, pid_file: str, argv: list[str]) -> ProcessCommand:
     """``argv`` started in the container beside virtlab (a network test's server)."""
+    exec_argv = runc_argv("exec", "--pid-file", pid_file, container_id, *argv)
+    return start_exec(host, exec_argv, pid_file, argv)
+
+
+def start_exec(host: RuncHost, exec_argv: list[str], pid_file: str, argv: list[str]) -> ProcessCommand:
+    """``exec_argv`` (what runs ``argv`` in a container) started beside virtlab; signals reach the
+    process group inside that ``pid_file`` names."""
 
     def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
         # The command inside is a session leader (runc exec); before runc has written its PID,
@@ -308,7 +329,7 @@ def exec_in_background(host: RuncHost, container_id: str, pid_file: str, argv: l
             except (ProcessLookupError, PermissionError):
                 pass
 
-    local_argv, options = host.command(runc_argv("exec", "--pid-file", pid_file, container_id, *argv))
+    local_argv, options = host.command(exec_argv)
     return ProcessCommand(argv, local_argv, send_signal, lambda: host.forget(pid_file), **options)
 
 
