@@ -10,7 +10,7 @@ What the workload container sees::
     /opt/virtlab/bin   the host's compiled kernels: a hostPath of this machine's build (podman), or an
                        emptyDir virtlab fills by exec once the Pod runs (a cluster)
     /mnt               the working directory of every command: the plan's volume mounted there, else
-                       an emptyDir; ``copy_in`` / ``copy_out`` go through exec (tar, base64)
+                       an emptyDir; ``copy_in`` / ``copy_out``: ``podman cp``, or tar through exec (a cluster)
     the plan's volumes hostPath, emptyDir, persistentVolumeClaim (an existing claim, or an NFS
                        PersistentVolume and its claim that virtlab makes: ``nfs = { server, path }``)
 
@@ -29,16 +29,12 @@ is part of the manifest the report shows.
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 import posixpath
 import re
 import secrets
 import shutil
-import tarfile
-import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationInfo, field_validator, model_validator
@@ -80,8 +76,6 @@ from virtlab.nfs import NfsExport, kernel_client_problem
 SCRATCH = "/mnt"
 NFS_MOUNT = "/mnt/nfs"
 CFS_PERIOD_US = 100_000  # the kubelet's CFS period
-_COPY_IN = 'head -c "$1" | base64 -d | tar -xf - -C "$2"'
-_COPY_OUT = 'tar -cf - -C "$1" -- "$2" | base64'
 _CATATONIT = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 
 
@@ -191,7 +185,6 @@ class PodEnvironment(Environment):
     manifest_text: str = ""
     _labels: dict[str, str] | None = None
     _spec: PodSpecInput | None = None
-    _execs: int = 0
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
@@ -333,70 +326,42 @@ class PodEnvironment(Environment):
         return None  # the volume goes with the Pod
 
     # -- commands --------------------------------------------------------------------------
-    def _pid_file(self) -> str:
-        self._execs += 1
-        return f"/tmp/.virtlab-exec-{self._execs}"
-
     def _run(self, argv: list[str], timeout_s: float) -> CommandResult:
-        return self._exec(argv, timeout_s)
-
-    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None = None) -> CommandResult:
         if self.pod is None:
             raise EnvironmentError_(f"Pod of {self.name!r} is not running")
-        if self.options.runtime == "kubernetes":
-            result = self.pod.run(argv, timeout_s, self._pid_file(), stdin)
-        else:
-            result = self.pod.run(argv, timeout_s, stdin)
-            # 125-127: podman itself failed (no such container, not running)
-            if result.exit_code in (125, 126, 127) and self.pod.state() != "running":
-                raise EnvironmentError_(f"Pod {self.pod_name}'s workload container is not running any more",
-                                        result.log())  # fmt: skip
+        result = self.pod.run(argv, timeout_s)
+        if self.options.runtime == "podman" and not result.ok and not result.timed_out:
+            if self.pod.state() != "running":
+                raise EnvironmentError_(
+                    f"Pod {self.pod_name}'s workload container is not running any more", result.log()
+                )
         return result
 
     def _start_background(self, argv: list[str]) -> BackgroundCommand:
-        if self.options.runtime == "kubernetes":
-            return self.pod.start(argv, self._pid_file())
         return self.pod.start(argv)
 
-    # -- files (through exec: a cluster's Pod has no directory of this machine) --------------
+    # -- files (paths inside are absolute, or relative to /mnt) --------------------------------
     def copy_in(self, source: Path, destination: str) -> None:
-        target = PurePosixPath(posixpath.normpath(posixpath.join(SCRATCH, destination)))
-        packed = io.BytesIO()
-        with tarfile.open(fileobj=packed, mode="w") as tar:
-            tar.add(str(source), arcname=target.name)
-        encoded = base64.b64encode(packed.getvalue())
-        argv = [
-            "/bin/sh",
-            "-c",
-            f'mkdir -p "$2" && {_COPY_IN}',
-            "virtlab-copy",
-            str(len(encoded)),
-            str(target.parent),
-        ]
-        done = self._exec(argv, 300, stdin=encoded)
-        if not done.ok:
-            raise EnvironmentError_(
-                f"copying {source} into Pod {self.pod_name} at {target} failed", done.log()
-            )
+        if self.pod is None:
+            raise RuntimeError(f"environment {self.name!r} copies files before provision()")
+        self.pod.copy_in(Path(source), posixpath.normpath(posixpath.join(SCRATCH, destination)))
 
     def copy_out(self, source: str, destination: Path) -> None:
-        origin = PurePosixPath(posixpath.normpath(posixpath.join(SCRATCH, source)))
-        done = self._exec(["/bin/sh", "-c", _COPY_OUT, "virtlab-copy", str(origin.parent), origin.name], 300)
-        if not done.ok:
-            raise EnvironmentError_(f"copying {origin} out of Pod {self.pod_name} failed", done.log())
-        with tempfile.TemporaryDirectory() as scratch:
-            with tarfile.open(fileobj=io.BytesIO(base64.b64decode(done.stdout)), mode="r") as tar:
-                tar.extractall(scratch, filter="data")
-            copied = Path(scratch) / origin.name
-            if copied.is_dir():
-                shutil.copytree(copied, destination, symlinks=True, dirs_exist_ok=True)
-            else:
-                shutil.copy2(copied, destination)
+        if self.pod is None:
+            raise RuntimeError(f"environment {self.name!r} copies files before provision()")
+        self.pod.copy_out(posixpath.normpath(posixpath.join(SCRATCH, source)), Path(destination))
 
     # -- description -----------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
         o = self.options
-        runtime = "kubernetes" if o.runtime == "kubernetes" else f"podman {self.pod.version() or ''}".strip()
+        if o.runtime == "kubernetes":
+            runtime, engine = "kubernetes (the cluster's container runtime)", None
+        else:
+            engine = oci_image.engine_facts("podman")
+            runtime = (
+                f"podman {engine.version} kube play ({engine.storage_driver}, "
+                f"cgroups {engine.cgroup_version}) on {engine.runtime}"
+            )
         where = f"on {self.pod.server}" if o.runtime == "kubernetes" else "podman kube play on this machine"
         storage = ", ".join(f"{v.mount}: {v.type}" for v in (self._spec.volumes if self._spec else ())) or ""
         inside = describe_inside(
@@ -413,7 +378,11 @@ class PodEnvironment(Environment):
                 "container_id": self.pod_name,
             },
         )
-        pod = {"pod": self.pod_name, "image": self.image_reference}
+        pod = {
+            "pod": self.pod_name,
+            "image": self.image_reference,
+            "engine": engine.as_dict() if engine else None,
+        }
         return {
             **inside,
             **pod,

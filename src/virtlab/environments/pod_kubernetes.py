@@ -16,10 +16,16 @@ the manifests are built and checked by the client's own models, and the same Pod
 
 from __future__ import annotations
 
+import base64
+import io
+import itertools
 import os
+import shutil
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from virtlab.environments import runc
@@ -28,6 +34,8 @@ from virtlab.environments.pod_manifest import OWNER_LABELS, WORK_CONTAINER, owne
 
 POLL_S = 1.0
 _WITH_PID_FILE = 'echo $$ > "$0"; exec "$@"'
+_COPY_IN = 'head -c "$1" | base64 -d | tar -xf - -C "$2"'
+_COPY_OUT = 'tar -cf - -C "$1" -- "$2" | base64'
 _SIGNAL_GROUP = '[ -s "$2" ] && kill -"$1" -"$(cat "$2")" 2>/dev/null; exit 0'
 # A container waiting for one of these will not start without someone's change.
 NEVER_STARTS = {
@@ -134,6 +142,7 @@ class KubernetesPod:
         self.volumes: list[str] = []
         self.created = False
         self.server = self.api.configuration.host
+        self._execs = itertools.count(1)
 
     def _api(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
@@ -259,8 +268,40 @@ class KubernetesPod:
         except EnvironmentError_:
             pass  # the Pod is gone: so is the command
 
-    def start(self, argv: list[str], pid_file: str) -> BackgroundCommand:
-        return KubernetesCommand(self, argv, pid_file)
+    def start(self, argv: list[str]) -> BackgroundCommand:
+        return KubernetesCommand(self, argv, self._pid_file())
+
+    def _pid_file(self) -> str:
+        return f"/tmp/.virtlab-exec-{next(self._execs)}"
+
+    # -- files: tar through exec (the Pod has no directory of this machine) ------------------------
+    def copy_in(self, source: Path, destination: str) -> None:
+        """``source`` (a file, or a directory merged into ``destination``) to ``destination`` (absolute)."""
+        target = PurePosixPath(destination)
+        packed = io.BytesIO()
+        with tarfile.open(fileobj=packed, mode="w") as tar:
+            tar.add(str(source), arcname=target.name)
+        encoded = base64.b64encode(packed.getvalue())
+        script = f'mkdir -p "$2" && {_COPY_IN}'
+        done = self.run(
+            ["/bin/sh", "-c", script, "virtlab-copy", str(len(encoded)), str(target.parent)], 300, encoded
+        )
+        if not done.ok:
+            raise EnvironmentError_(f"copying {source} into Pod {self.name} at {target} failed", done.log())
+
+    def copy_out(self, source: str, destination: Path) -> None:
+        origin = PurePosixPath(source)
+        done = self.run(["/bin/sh", "-c", _COPY_OUT, "virtlab-copy", str(origin.parent), origin.name], 300)
+        if not done.ok:
+            raise EnvironmentError_(f"copying {origin} out of Pod {self.name} failed", done.log())
+        with tempfile.TemporaryDirectory() as scratch:
+            with tarfile.open(fileobj=io.BytesIO(base64.b64decode(done.stdout)), mode="r") as tar:
+                tar.extractall(scratch, filter="data")
+            copied = Path(scratch) / origin.name
+            if copied.is_dir():
+                shutil.copytree(copied, destination, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.copy2(copied, destination)
 
 
 class KubernetesCommand(BackgroundCommand):

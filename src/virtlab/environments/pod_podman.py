@@ -1,13 +1,15 @@
 """A Pod run by this machine's podman (``runtime = "podman"``): ``podman kube play`` of the manifest,
-every command a ``podman exec`` into its workload container, ``podman kube play --down`` at teardown.
+every command a ``podman exec`` into its workload container (the engine kinds' exec steps: a PID file
+inside, read through the container's PID namespace, lets a timeout kill the command's group), files
+in and out by ``podman cp``, ``podman kube play --down`` at teardown.
 
 podman needs two things here that it does not do by itself (MACHINE-NOTES):
 
 - ``catatonit``, the init of the Pod's infra container (a Debian package of its own);
 - open-files and process limits within the sandbox's hard limits, else runc fails with "error setting
   rlimit type 7 (or 6): operation not permitted". ``kube play`` takes no ``--ulimit``: virtlab writes a
-  containers.conf with ``default_ulimits`` (this process's own soft and hard limits, which native
-  commands get too) beside the manifest and names it by ``CONTAINERS_CONF`` for every podman call.
+  containers.conf with ``default_ulimits`` (``engine_container.engine_limits``, what the engine kinds
+  pass as ``--ulimit``) beside the manifest and names it by ``CONTAINERS_CONF`` for every podman call.
 
 An NFS PersistentVolume becomes a podman volume of the local driver with ``type=nfs`` (the host's
 kernel mounts it when the Pod starts), named by the claim the Pod names; it is labelled with its
@@ -22,17 +24,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import resource
-import signal
-import subprocess
-import time
+import posixpath
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from virtlab.environments import runc
-from virtlab.environments._base import BackgroundCommand, CommandResult, EnvironmentError_, ProcessCommand
+from virtlab.environments._base import BackgroundCommand, CommandResult, EnvironmentError_
 from virtlab.environments._process import run_process
+from virtlab.environments.engine_container import EXEC_WRAPPER, EngineExecHost, engine_limits
 from virtlab.environments.pod_manifest import (
     OWNER_LABELS,
     WORK_CONTAINER,
@@ -43,29 +43,12 @@ from virtlab.environments.pod_manifest import (
 )
 
 PODMAN_TIMEOUT_S = 120.0
-_KILL_WAIT_S = 2.0
-# Each command writes its PID (in the container's namespace) where a timeout or Ctrl-C finds it; a
-# command podman execs is the leader of its own session, so its group is everything it forked
-# (the image's /bin/sh is dash, whose kill takes no "--").
-_WITH_PID_FILE = 'echo $$ > "$0"; exec "$@"'
-_SIGNAL_GROUP = """i=0
-while [ ! -s "$2" ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i+1)); done
-[ -s "$2" ] && kill -"$1" -"$(cat "$2")" 2>/dev/null
-exit 0
-"""
 
 
 def containers_conf() -> str:
-    """A containers.conf whose default ulimits are this process's open-files limits and a process
-    limit of at most pid_max (no more processes can exist; runc was refused a higher one here)."""
-    nofile = [-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(resource.RLIMIT_NOFILE)]
-    nproc = [-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(resource.RLIMIT_NPROC)]
-    try:
-        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        pid_max = 32768
-    nproc = [pid_max if v < 0 else min(v, pid_max) for v in nproc]
-    limits = f'"nofile={nofile[0]}:{nofile[1]}", "nproc={nproc[0]}:{nproc[1]}"'
+    """A containers.conf whose default ulimits are the engine kinds' (see the module's docstring)."""
+    (nofile_soft, nofile_hard), (nproc_soft, nproc_hard) = engine_limits()
+    limits = f'"nofile={nofile_soft}:{nofile_hard}", "nproc={nproc_soft}:{nproc_hard}"'
     return f"[containers]\ndefault_ulimits = [{limits}]\n"
 
 
@@ -154,74 +137,44 @@ class PodmanPod:
         return problems
 
     # -- commands in the workload container -------------------------------------------------------
-    def exec_argv(self, argv: list[str], pid_file: str) -> list[str]:
-        return ["podman", "exec", self.container, "/bin/sh", "-c", _WITH_PID_FILE, pid_file, *argv]
+    def _exec(self, argv: list[str]) -> tuple[list[str], str, runc.RuncHost]:
+        """podman's exec of ``argv``, the PID file as this host reads it, and the host that signals
+        the command through it (``engine_container``'s steps)."""
+        pid = self.inside_pid()
+        if pid is None:
+            raise EnvironmentError_(f"Pod {self.name}: its workload container is not running")
+        inside = f"/run/virtlab-exec-{next(self._execs)}.pid"
+        exec_argv = ["podman", "exec", self.container, "/bin/sh", "-c", EXEC_WRAPPER, inside, *argv]
+        return exec_argv, f"/proc/{pid}/root{inside}", EngineExecHost(pid)
 
-    def signal(self, pid_file: str, sig: int) -> None:
-        """``sig`` to the process group of the command that wrote ``pid_file`` (waiting a moment for it)."""
-        name = signal.Signals(sig).name.removeprefix("SIG")
-        self.call("exec", self.container, "/bin/sh", "-c", _SIGNAL_GROUP, "virtlab-signal", name, pid_file,
-                  timeout_s=30)  # fmt: skip
-
-    def run(self, argv: list[str], timeout_s: float, stdin: bytes | None = None) -> CommandResult:
-        """``argv`` run to its end (``stdin``: what it reads); a timeout or Ctrl-C kills it and all it
-        forked in the Pod."""
-        pid_file = f"/tmp/.virtlab-exec-{next(self._execs)}"
-        started = time.monotonic()
-        exec_argv = self.exec_argv(argv, pid_file)
-        if stdin is not None:
-            exec_argv.insert(2, "--interactive")
-        process = subprocess.Popen(
-            exec_argv, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, env=podman_env(self.conf_path),
-        )  # fmt: skip
-        timed_out = False
-        try:
-            out, err = process.communicate(stdin, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self.signal(pid_file, signal.SIGKILL)
-            out, err = _finish(process)
-        except BaseException:
-            self.signal(pid_file, signal.SIGKILL)
-            _finish(process)
-            raise
-        stdout, stderr = (text.decode(errors="replace") for text in (out, err))
-        return CommandResult(
-            tuple(argv), process.returncode, stdout, stderr, time.monotonic() - started, timed_out
-        )
+    def run(self, argv: list[str], timeout_s: float) -> CommandResult:
+        """``argv`` run to its end; a timeout or Ctrl-C kills it and all it forked in the Pod."""
+        exec_argv, pid_file, host = self._exec(argv)
+        return runc.run_exec(host, exec_argv, pid_file, argv, timeout_s)
 
     def start(self, argv: list[str]) -> BackgroundCommand:
-        pid_file = f"/tmp/.virtlab-exec-{next(self._execs)}"
+        exec_argv, pid_file, host = self._exec(argv)
+        return runc.start_exec(host, exec_argv, pid_file, argv)
 
-        def send_signal(process: subprocess.Popen[bytes], sig: int) -> None:
-            self.signal(pid_file, sig)
-            if sig == signal.SIGKILL:
-                _kill_group(process)
+    def copy_in(self, source: Path, destination: str) -> None:
+        """``source`` (a file or a directory's contents) to ``destination`` in the Pod (absolute)."""
+        parent = posixpath.dirname(destination)
+        made = self.run(["mkdir", "-p", "--", destination if source.is_dir() else parent], 60)
+        if not made.ok:
+            raise EnvironmentError_(f"Pod {self.name}: cannot create {parent}", made.log())
+        origin = f"{source}/." if source.is_dir() else str(source)
+        done = self.call("cp", origin, f"{self.container}:{destination}")
+        if not done.ok:
+            raise EnvironmentError_(f"podman cp of {source} into Pod {self.name} failed", done.log())
 
-        return ProcessCommand(
-            argv, self.exec_argv(argv, pid_file), send_signal, start_new_session=True,
-            env=podman_env(self.conf_path),
-        )  # fmt: skip
-
-    def version(self) -> str | None:
-        done = self.call("version", "--format", "{{.Client.Version}}", timeout_s=30)
-        return done.stdout.strip() or None if done.ok else None
-
-
-def _finish(process: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
-    try:
-        return process.communicate(timeout=_KILL_WAIT_S * 5)
-    except subprocess.TimeoutExpired:
-        _kill_group(process)
-        return process.communicate()
-
-
-def _kill_group(process: subprocess.Popen[Any]) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    def copy_out(self, source: str, destination: Path) -> None:
+        """``source`` in the Pod (absolute; a directory's contents) to ``destination`` here."""
+        is_dir = self.run(["test", "-d", source], 60).ok
+        if is_dir:
+            destination.mkdir(parents=True, exist_ok=True)
+        done = self.call("cp", f"{self.container}:{source}" + ("/." if is_dir else ""), str(destination))
+        if not done.ok:
+            raise EnvironmentError_(f"podman cp of {source} out of Pod {self.name} failed", done.log())
 
 
 # --------------------------------------------------------------------------- leftovers
