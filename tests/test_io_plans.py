@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from marks import needs_runc
+from marks import needs_runc, needs_tools
 from virtlab import nfs
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
@@ -111,10 +111,11 @@ def test_the_hyperv_report_plan_runs_and_reports_its_curves(guest_image, tmp_pat
 
 
 @needs_runc
+@needs_tools("podman", "catatonit")
 @pytest.mark.slow
 def test_the_container_vs_vm_plan_runs_with_a_tcg_vm(guest_image, tmp_path):
     plan = load_plan(PLANS / "container-vs-vm-io.toml")
-    assert [e.kind for e in plan.environments] == ["native", "container", "vm"]
+    assert [e.kind for e in plan.environments] == ["native", "pod", "vm"]  # the container column: a Pod
 
     def change(spec: WorkloadSpec) -> dict[str, Any] | None:
         if spec.kind == "fio_latency":

@@ -40,7 +40,7 @@ from virtlab.environments.pod_manifest import (
 )
 from virtlab.errors import InputError
 from virtlab.export import render_html, render_markdown
-from virtlab.plan import load_plan
+from virtlab.plan import load_plan, parse_plan
 from virtlab.study.preflight import preflight
 from virtlab_cli import virtlab
 
@@ -295,6 +295,15 @@ def test_bad_input_is_one_message_before_anything_runs(tmp_path, pod_table, file
         preflight(load_plan(plan), tmp_path / "out")  # relative file names are the plan's
     assert said in " ".join(str(refused.value).split())
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pod_on_a_remote_host_is_refused_with_what_to_do_instead():
+    text = '[[host]]\nname = "lab1"\naddress = "198.18.7.1"\n' + PLAN.format(pod='host = "lab1"')
+    with pytest.raises(
+        InputError, match=r"environment\[1\] \(pod\)\.host: a Pod on a remote host \(lab1\)"
+    ) as refused:
+        parse_plan(text)
+    assert 'runtime = "kubernetes"' in str(refused.value)
 
 
 @marks.needs_root

@@ -419,7 +419,7 @@ def test_the_seed_presets_have_vms_where_the_papers_had_vms_and_the_papers_sizes
     # seed 003: a container and a VM, fio 10 times on a 2048 MB file, dd 64 .. 8192 MB, all over NFS
     # as the seed's (one pass: its 5 dd passes take about 3 h here, the preset says so)
     io = seed["container-vs-vm-io"]
-    assert sorted(kinds(io).values()) == ["container", "native", "vm"] and io.study.trials == 1
+    assert sorted(kinds(io).values()) == ["native", "pod", "vm"] and io.study.trials == 1
     assert all(w.workload.params.storage == "nfs" for w in io.workloads)
     nfs_dd = sorted(w.workload.params.size_mb for w in io.workloads if w.kind == "dd")
     assert nfs_dd == [2**k for k in range(6, 14)]

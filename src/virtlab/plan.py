@@ -615,7 +615,13 @@ def _remote(
         return cls, _validated(cls.Options, {**values, "uri": uri}, source, where)
     if kind == "vm":
         return _remote_vm(host, values, source, where)
-    # Every built-in kind runs on a remote host; a third-party kind does only on this machine.
+    if kind == "pod":
+        raise InputError(
+            source,
+            f"{where}.host: a Pod on a remote host ({host.name}) is not supported yet (podman over SSH)",
+            'run it on this machine (no host =), or on a cluster (runtime = "kubernetes")',
+        )
+    # Every other built-in kind runs on a remote host; a third-party kind does only on this machine.
     raise InputError(
         source,
         f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported",

@@ -108,7 +108,9 @@ class PodOptions(EnvironmentOptions):
         "workload container, its volumes and its name and labels",
     )
     kubeconfig: str | None = Field(
-        default=None, description="kubernetes: the kubeconfig; default $KUBECONFIG or ~/.kube/config"
+        default=None,
+        description="kubernetes: the kubeconfig (relative to the plan); default $KUBECONFIG, else "
+        "~/.kube/config",
     )
     context: str | None = Field(
         default=None, description="kubernetes: the kubeconfig's context; default its current one"
@@ -132,6 +134,14 @@ class PodOptions(EnvironmentOptions):
         except ManifestError as error:
             raise ValueError(f"{path}: {error}") from None
         return str(path)
+
+    @field_validator("kubeconfig")
+    @classmethod
+    def _home(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        directory = (info.context or {}).get("directory") or Path(".")
+        return str((Path(directory) / os.path.expanduser(value)).absolute())
 
     @model_validator(mode="after")
     def _consistent(self) -> PodOptions:
