@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import textwrap
@@ -21,6 +22,7 @@ from kubernetes import client
 import marks
 from fault_kit import PATIENCE_S, start, stored, wait_for
 from virtlab.environments import ENVIRONMENTS
+from virtlab.environments.oci_image import import_argv
 from virtlab.environments.pod import PodOptions
 from virtlab.environments.pod_kubernetes import events_text, kubeconfig_problem, start_verdict
 from virtlab.environments.pod_manifest import (
@@ -38,6 +40,7 @@ from virtlab.environments.pod_manifest import (
     to_dict,
     to_model,
 )
+from virtlab.environments.remote_container import send_tar
 from virtlab.errors import InputError
 from virtlab.export import render_html, render_markdown
 from virtlab.plan import load_plan, parse_plan
@@ -297,13 +300,15 @@ def test_bad_input_is_one_message_before_anything_runs(tmp_path, pod_table, file
     assert not (tmp_path / "out").exists()
 
 
-def test_a_pod_on_a_remote_host_is_refused_with_what_to_do_instead():
-    text = '[[host]]\nname = "lab1"\naddress = "198.18.7.1"\n' + PLAN.format(pod='host = "lab1"')
+def test_a_pod_on_a_remote_host_runs_by_its_podman_only():
+    hosts = '[[host]]\nname = "lab1"\naddress = "198.18.7.1"\n'
+    plan = parse_plan(hosts + PLAN.format(pod='host = "lab1"\ncpus = 1'))
+    assert type(plan.environments[1].options).__name__ == "RemotePodOptions"
+    cluster = 'host = "lab1"\nruntime = "kubernetes"\nimage = "x"'
     with pytest.raises(
-        InputError, match=r"environment\[1\] \(pod\)\.host: a Pod on a remote host \(lab1\)"
-    ) as refused:
-        parse_plan(text)
-    assert 'runtime = "kubernetes"' in str(refused.value)
+        InputError, match=r"environment\[1\] \(pod\): a Pod on a host of the plan runs by its podman"
+    ):
+        parse_plan(hosts + PLAN.format(pod=cluster))
 
 
 @marks.needs_root
@@ -469,3 +474,56 @@ def test_the_report_shows_the_pods_manifest_whole_and_escaped():
     html = render_html(results)
     assert "<h3>Pod manifest of container (env/pod.yaml)</h3>" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert(1)" not in html
+
+
+# --------------------------------------------------------------------------- a Pod on a remote host
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    from virtlab import fleet
+
+    directory = tmp_path_factory.mktemp("pod-fleet") / "fleet"
+    fleet.up(1, directory)
+    yield fleet.read_fleet(directory)
+    fleet.down(directory)
+
+
+@marks.needs_test_hosts
+@marks.needs_root
+@needs_podman
+def test_a_pod_on_a_remote_host_by_its_podman_over_ssh(lab, kernel_build, guest_image, tmp_path):
+    text = f'inventory = "{lab.inventory}"\n' + PLAN.format(
+        pod='host = "fleet-1"\nbuild = "copy"\ncpus = 0.5'
+    )
+    environment = parse_plan(text, "remote-pod.toml").environments[1].create(tmp_path / "work")
+    (tmp_path / "work").mkdir()
+    environment.provision(kernel_build)
+    name = environment.pod_name
+    try:
+        quota = environment.run(["cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"], 30)
+        assert quota.stdout.strip() == "50000"
+        done = environment.run(["dd", "if=/dev/zero", "of=f", "bs=1M", "count=16", "oflag=direct"], 60)
+        assert done.ok and "16777216 bytes" in done.stderr
+        timed = environment.run(["sh", "-c", "sleep 60; echo late"], 1)
+        assert timed.timed_out and "sleep 60" not in environment.run(["ps", "-eo", "args"], 30).stdout
+        (tmp_path / "key").write_text("secret\n")
+        environment.copy_in(tmp_path / "key", "peer/key")
+        environment.copy_out("peer", tmp_path / "back")
+        assert (tmp_path / "back" / "key").read_text() == "secret\n"
+        manifest = environment.manifest()
+        assert manifest["host_name"] == "fleet-1" and manifest["cores"] == 0.5
+        assert manifest["pod_manifest"] == (tmp_path / "work" / "pod.yaml").read_text()
+        assert f"{environment.remote_dir}/bin" in manifest["pod_manifest"]  # the kernels shipped there
+        # the guest image's way into the host's podman (this host shares this machine's store, where
+        # the guest tag is already: a small tree under a tag of its own takes the same way)
+        (tmp_path / "tree" / "etc").mkdir(parents=True)
+        (tmp_path / "tree" / "etc" / "hostname").write_text("small\n")
+        reference = f"localhost/virtlab/test-ship:{secrets.token_hex(4)}"
+        pack = ["tar", "-C", str(tmp_path / "tree"), "--numeric-owner", "-cf", "-", "."]
+        send_tar(environment, pack, import_argv("podman", reference), 4096, "shipping a tree")
+        assert environment._has_image(reference)
+        subprocess.run(["podman", "rmi", "--force", reference], capture_output=True, check=False)
+    finally:
+        environment.teardown()
+    assert subprocess.run(["podman", "pod", "exists", name], check=False).returncode == 1, "the Pod is left"

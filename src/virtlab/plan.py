@@ -530,9 +530,8 @@ def _environment(
         keys = ("name", "kind", "control", "power_plan") + (() if kind == "ssh" else ("host",))
         options = _validated(cls.Options, _without(table, *keys), source, where, {"directory": directory})
     else:
-        cls, options = _remote(
-            kind, host, _without(table, "name", "kind", "control", "host", "power_plan"), source, where
-        )
+        values = _without(table, "name", "kind", "control", "host", "power_plan")
+        cls, options = _remote(kind, host, values, source, where, directory)
     host_name = host.name if host is not None else None
     power_plan = _power_plan(table, kind, host_name, source, where)
     if "control" not in table:
@@ -589,7 +588,7 @@ def _placement(
 
 
 def _remote(
-    kind: str, host: Host, values: dict[str, Any], source: str, where: str
+    kind: str, host: Host, values: dict[str, Any], source: str, where: str, directory: Path
 ) -> tuple[type[Environment], EnvironmentOptions]:
     """The class and options that run an environment of ``kind`` on the remote ``host``, or an
     InputError saying what to use instead."""
@@ -616,12 +615,16 @@ def _remote(
     if kind == "vm":
         return _remote_vm(host, values, source, where)
     if kind == "pod":
-        raise InputError(
-            source,
-            f"{where}.host: a Pod on a remote host ({host.name}) is not supported yet (podman over SSH)",
-            'run it on this machine (no host =), or on a cluster (runtime = "kubernetes")',
-        )
-    # Every other built-in kind runs on a remote host; a third-party kind does only on this machine.
+        from virtlab.environments.pod_remote import RemotePodEnvironment
+
+        cls = RemotePodEnvironment
+        if isinstance(values.get("pod_yaml"), str):  # a file of the plan's, as on this machine
+            values = {**values, "pod_yaml": str(directory / Path(values["pod_yaml"]).expanduser())}
+        try:
+            return cls, ssh_options(host, values, cls.Options)
+        except ValidationError as error:
+            raise _input_error(error, cls.Options, source, where) from None
+    # Every built-in kind runs on a remote host; a third-party kind does only on this machine.
     raise InputError(
         source,
         f"{where}.host: a {kind} environment on a remote host ({host.name}) is not supported",

@@ -34,6 +34,7 @@ import posixpath
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -178,14 +179,16 @@ def pod_name(environment: str) -> str:
     return f"virtlab-{safe}-{secrets.token_hex(3)}"
 
 
-@register_environment
-class PodEnvironment(Environment):
-    kind = "pod"
-    summary = "a Kubernetes Pod: podman kube play here, or a cluster through the Kubernetes client"
-    Options = PodOptions
-    host_tools = {"podman": "podman"}
+class PodSide:
+    """What a Pod environment does once its Pod is being made, whichever host runs it: this machine
+    (``PodEnvironment``) or a plan's remote host over SSH (``pod_remote``)."""
 
+    name: str
+    kind: str
     options: PodOptions
+    provision_s: float | None
+    say: Callable[[str], None]
+    process_started: Callable[[int], None]
 
     # Set by _create, cleared by _delete.
     pod: Any = None
@@ -195,54 +198,6 @@ class PodEnvironment(Environment):
     manifest_text: str = ""
     _labels: dict[str, str] | None = None
     _spec: PodSpecInput | None = None
-
-    # -- checks before anything runs -------------------------------------------------------
-    @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
-        assert isinstance(options, PodOptions)
-        if options.runtime == "kubernetes":
-            from virtlab.environments.pod_kubernetes import kubeconfig_problem
-
-            problem = kubeconfig_problem(options.kubeconfig, options.context)
-            return [problem] if problem else []
-        missing = oci_image.engine_missing("podman")
-        if missing:
-            return [missing]
-        problems = []
-        if not any(os.path.exists(path) for path in _CATATONIT) and shutil.which("catatonit") is None:
-            problems.append(
-                "catatonit (the Pod's infra container's init) is not installed: apt-get install catatonit"
-            )
-        if os.geteuid() != 0:
-            problems.append("podman kube play with CPU and memory limits needs root here (cgroups v1)")
-        problems += cpu_problems(options.cpus, sorted(os.sched_getaffinity(0)))
-        problems += memory_problems(
-            options.memory_mb, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        )
-        if options.image is not None:
-            problems += [p for p in [oci_image.local_image_problem("podman", options.image)] if p]
-        else:
-            problems += guest_tool_problems(tools)
-        return problems
-
-    @property
-    def bin_dir(self) -> str:
-        return GUEST_BIN
-
-    # -- life cycle ------------------------------------------------------------------------
-    def _create(self, kernels: KernelBuild) -> None:
-        o = self.options
-        self.pod_name = pod_name(self.name)
-        self._labels = {**owner_labels(), ENVIRONMENT_LABEL: self.pod_name.rsplit("-", 1)[0][:63]}
-        runc.remove_at_exit(self, self._delete)
-        try:
-            if o.runtime == "podman":
-                self._create_podman(Path(kernels.bin_dir).resolve())
-            else:
-                self._create_kubernetes(Path(kernels.bin_dir))
-        except BaseException:
-            self._delete()
-            raise
 
     def _spec_input(self, bin_source: str | None) -> PodSpecInput:
         o = self.options
@@ -258,50 +213,15 @@ class PodEnvironment(Environment):
         except ManifestError as error:
             raise EnvironmentError_(f"the Pod manifest of {self.name!r}: {error}") from error
 
-    def _create_podman(self, bin_dir: Path) -> None:
-        from virtlab.environments.pod_podman import PodmanPod, cleanup_leftovers
-
-        cleanup_leftovers()
-        if self.options.image is None:
-            self.image_reference = oci_image.guest_image("podman", progress=self.say)[1].reference
-        else:
-            self.image_reference = self.options.image
-        self._spec = self._spec_input(str(bin_dir))
-        self.pod = PodmanPod(self.pod_name, self.workdir)
-        self._play(self._spec)
-
     def _play(self, spec: PodSpecInput) -> None:
         """The Pod of ``spec`` played by podman (the NFS volumes it claims made first)."""
         pod = self._pod(spec)
         self.manifest_text = to_yaml(pod)
         nfs = [(v, v.claim_name(self.pod_name)) for v in spec.volumes if v.nfs is not None]
         self.pod.play(pod, nfs, self._labels or {})
-        pid = self.pod.inside_pid()
+        pid = self.pod.inside_pid() if self.pod.host.is_local else None
         if pid is not None:
             self.process_started(pid)
-
-    def _create_kubernetes(self, bin_dir: Path) -> None:
-        from virtlab.environments.pod_kubernetes import KubernetesPod, cleanup_leftovers
-
-        o = self.options
-        self.pod = KubernetesPod(self.pod_name, self.workdir, o.kubeconfig, o.context, o.namespace)
-        self.pod._api("listing leftovers", cleanup_leftovers, self.pod.core, o.namespace)
-        self.image_reference = o.image or ""
-        self._spec = self._spec_input(None)
-        pod = self._pod(self._spec)
-        persistent = persistent_volumes(o.volumes, self.pod_name, self._labels or {})
-        self.manifest_text = "---\n".join(to_yaml(d) for pair in persistent for d in pair) + to_yaml(pod)
-        self.pod.create(pod, persistent, o.start_timeout_s)
-        self.copy_in(bin_dir, GUEST_BIN)  # a node has no copy of this machine's kernels
-
-    def _delete(self) -> None:
-        runc.removed(self)
-        pod, self.pod = self.pod, None
-        if pod is None:
-            return
-        problems = pod.delete() if self.options.runtime == "kubernetes" else pod.down()
-        for problem in problems:
-            self.say(problem)
 
     # -- virtlab's NFS export --------------------------------------------------------------
     def mount_nfs(self, export: NfsExport) -> str:
@@ -354,12 +274,28 @@ class PodEnvironment(Environment):
     def copy_in(self, source: Path, destination: str) -> None:
         if self.pod is None:
             raise RuntimeError(f"environment {self.name!r} copies files before provision()")
-        self.pod.copy_in(Path(source), posixpath.normpath(posixpath.join(SCRATCH, destination)))
+        target = posixpath.normpath(posixpath.join(SCRATCH, destination))
+        if self.options.runtime == "kubernetes":
+            self.pod.copy_in(Path(source), target)
+        else:
+            self.pod.copy_in(self._on_host(Path(source)), Path(source).is_dir(), target)
 
     def copy_out(self, source: str, destination: Path) -> None:
         if self.pod is None:
             raise RuntimeError(f"environment {self.name!r} copies files before provision()")
-        self.pod.copy_out(posixpath.normpath(posixpath.join(SCRATCH, source)), Path(destination))
+        origin = posixpath.normpath(posixpath.join(SCRATCH, source))
+        if self.options.runtime == "kubernetes":
+            self.pod.copy_out(origin, Path(destination))
+        else:
+            self._from_host(lambda there: self.pod.copy_out(origin, there), Path(destination))
+
+    def _on_host(self, source: Path) -> str:
+        """Where ``source`` (a path here) is on the Pod's host: here, the same."""
+        return str(source.absolute())
+
+    def _from_host(self, copy: Callable[[str], bool], destination: Path) -> None:
+        """``copy`` (from the Pod to a path on its host) made to land at ``destination`` here."""
+        copy(str(destination.absolute()))
 
     # -- description -----------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -372,7 +308,9 @@ class PodEnvironment(Environment):
                 f"podman {engine.version} kube play ({engine.storage_driver}, "
                 f"cgroups {engine.cgroup_version}) on {engine.runtime}"
             )
-        where = f"on {self.pod.server}" if o.runtime == "kubernetes" else "podman kube play on this machine"
+        where = (
+            f"on {self.pod.server}" if o.runtime == "kubernetes" else f"podman kube play on {self._where()}"
+        )
         storage = ", ".join(f"{v.mount}: {v.type}" for v in (self._spec.volumes if self._spec else ())) or ""
         inside = describe_inside(
             probe_inside(self, self.pod_name),
@@ -399,3 +337,102 @@ class PodEnvironment(Environment):
             "pod_manifest_file": str(self.pod.manifest_path),
             "pod_manifest": self.manifest_text,
         }
+
+    def _engine_facts(self) -> oci_image.EngineFacts:
+        return oci_image.engine_facts("podman")
+
+    def _where(self) -> str:
+        return "this machine"
+
+
+@register_environment
+class PodEnvironment(PodSide, Environment):
+    kind = "pod"
+    summary = "a Kubernetes Pod: podman kube play here, or a cluster through the Kubernetes client"
+    Options = PodOptions
+    host_tools = {"podman": "podman"}
+
+    options: PodOptions
+
+    # -- checks before anything runs -------------------------------------------------------
+    @classmethod
+    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+        assert isinstance(options, PodOptions)
+        if options.runtime == "kubernetes":
+            from virtlab.environments.pod_kubernetes import kubeconfig_problem
+
+            problem = kubeconfig_problem(options.kubeconfig, options.context)
+            return [problem] if problem else []
+        missing = oci_image.engine_missing("podman")
+        if missing:
+            return [missing]
+        problems = []
+        if not any(os.path.exists(path) for path in _CATATONIT) and shutil.which("catatonit") is None:
+            problems.append(
+                "catatonit (the Pod's infra container's init) is not installed: apt-get install catatonit"
+            )
+        if os.geteuid() != 0:
+            problems.append("podman kube play with CPU and memory limits needs root here (cgroups v1)")
+        problems += cpu_problems(options.cpus, sorted(os.sched_getaffinity(0)))
+        problems += memory_problems(
+            options.memory_mb, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        )
+        if options.image is not None:
+            problems += [p for p in [oci_image.local_image_problem("podman", options.image)] if p]
+        else:
+            problems += guest_tool_problems(tools)
+        return problems
+
+    @property
+    def bin_dir(self) -> str:
+        return GUEST_BIN
+
+    # -- life cycle ------------------------------------------------------------------------
+    def _create(self, kernels: KernelBuild) -> None:
+        o = self.options
+        self.pod_name = pod_name(self.name)
+        self._labels = {**owner_labels(), ENVIRONMENT_LABEL: self.pod_name.rsplit("-", 1)[0][:63]}
+        runc.remove_at_exit(self, self._delete)
+        try:
+            if o.runtime == "podman":
+                self._create_podman(Path(kernels.bin_dir).resolve())
+            else:
+                self._create_kubernetes(Path(kernels.bin_dir))
+        except BaseException:
+            self._delete()
+            raise
+
+    def _create_podman(self, bin_dir: Path) -> None:
+        from virtlab.environments.pod_podman import PodmanPod, cleanup_leftovers
+
+        cleanup_leftovers()
+        if self.options.image is None:
+            self.image_reference = oci_image.guest_image("podman", progress=self.say)[1].reference
+        else:
+            self.image_reference = self.options.image
+        self._spec = self._spec_input(str(bin_dir))
+        self.pod = PodmanPod(self.pod_name, self.workdir)
+        self._play(self._spec)
+
+    def _create_kubernetes(self, bin_dir: Path) -> None:
+        from virtlab.environments.pod_kubernetes import KubernetesPod, cleanup_leftovers
+
+        o = self.options
+        self.pod = KubernetesPod(self.pod_name, self.workdir, o.kubeconfig, o.context, o.namespace)
+        self.pod._api("listing leftovers", cleanup_leftovers, self.pod.core, o.namespace)
+        self.image_reference = o.image or ""
+        self._spec = self._spec_input(None)
+        pod = self._pod(self._spec)
+        persistent = persistent_volumes(o.volumes, self.pod_name, self._labels or {})
+        self.manifest_text = "---\n".join(to_yaml(d) for pair in persistent for d in pair) + to_yaml(pod)
+        self.pod.create(pod, persistent, o.start_timeout_s)
+        self.copy_in(bin_dir, GUEST_BIN)  # a node has no copy of this machine's kernels
+
+    def _delete(self) -> None:
+        runc.removed(self)
+        pod, self.pod = self.pod, None
+        if pod is None:
+            return
+        problems = pod.delete() if self.options.runtime == "kubernetes" else pod.down()
+        for problem in problems:
+            self.say(problem)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import posixpath
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,6 @@ from typing import Any
 
 from virtlab.environments import runc
 from virtlab.environments._base import BackgroundCommand, CommandResult, EnvironmentError_
-from virtlab.environments._process import run_process
 from virtlab.environments.engine_container import EXEC_WRAPPER, EngineExecHost, engine_limits
 from virtlab.environments.pod_manifest import (
     OWNER_LABELS,
@@ -52,8 +50,9 @@ def containers_conf() -> str:
     return f"[containers]\ndefault_ulimits = [{limits}]\n"
 
 
-def podman_env(conf: Path) -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+def podman_argv(conf: str, *args: str) -> list[str]:
+    """podman with ``args``, reading ``conf`` as its containers.conf (an argument list for any host)."""
+    return ["env", f"CONTAINERS_CONF={conf}", "podman", *args]
 
 
 def nfs_volume_argv(volume: PodVolume, claim: str, labels: dict[str, str]) -> list[str]:
@@ -68,34 +67,42 @@ def nfs_volume_argv(volume: PodVolume, claim: str, labels: dict[str, str]) -> li
 
 
 class PodmanPod:
-    """One Pod of this machine's podman, from ``play`` to ``down``."""
+    """One Pod of a host's podman (this machine's, or a remote host's over SSH: ``host``), from
+    ``play`` to ``down``. ``there``: the host's directory for its containers.conf and manifest; the
+    manifest is also written to ``workdir`` (the results)."""
 
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, host: runc.RuncHost = runc.LOCAL, there: str = "") -> None:
         self.name = name
         self.container = f"{name}-{WORK_CONTAINER}"  # kube play names containers <pod>-<container>
+        self.host = host
         self.manifest_path = workdir / "pod.yaml"
-        self.conf_path = workdir / "containers.conf"
+        there = there or str(workdir)
+        self.manifest_there, self.conf_there = f"{there}/pod.yaml", f"{there}/containers.conf"
         self.volumes: list[str] = []
         self.played = False
         self._execs: Iterator[int] = itertools.count(1)
 
     # -- podman's own calls ------------------------------------------------------------------
     def call(self, *args: str, timeout_s: float = PODMAN_TIMEOUT_S) -> CommandResult:
-        return run_process(["podman", *args], timeout_s, env=podman_env(self.conf_path))
+        return self.host.call(podman_argv(self.conf_there, *args), timeout_s)
 
     def play(self, pod: Any, nfs_volumes: list[tuple[PodVolume, str]], labels: dict[str, str]) -> None:
-        """The manifest written beside the results and played; the NFS volumes made first."""
-        self.conf_path.write_text(containers_conf())
-        self.manifest_path.write_text(to_yaml(pod))
+        """The manifest written beside the results (and on the host) and played; the NFS volumes
+        made first."""
+        manifest = to_yaml(pod)
+        self.manifest_path.write_text(manifest)
+        self.host.write_text(self.conf_there, containers_conf())
+        if not self.host.is_local:
+            self.host.write_text(self.manifest_there, manifest)
         for volume, claim in nfs_volumes:
-            done = run_process(nfs_volume_argv(volume, claim, labels), PODMAN_TIMEOUT_S)
+            done = self.host.call(nfs_volume_argv(volume, claim, labels), PODMAN_TIMEOUT_S)
             if not done.ok:
                 raise EnvironmentError_(
                     f"podman could not create the NFS volume {claim} ({done.status()})", done.log()
                 )
             self.volumes.append(claim)
         self.played = True  # from here on, a half-made Pod is removed by --down
-        done = self.call("kube", "play", "--start", str(self.manifest_path))
+        done = self.call("kube", "play", "--start", self.manifest_there)
         if not done.ok:
             raise EnvironmentError_(
                 f"podman kube play of Pod {self.name} failed ({done.status()})", done.log()
@@ -113,7 +120,7 @@ class PodmanPod:
         return done.stdout.strip() or None if done.ok else None
 
     def inside_pid(self) -> int | None:
-        """The workload container's init on this host."""
+        """The workload container's init on its host."""
         done = self.call("container", "inspect", "--format", "{{.State.Pid}}", self.container)
         value = done.stdout.strip()
         return int(value) if done.ok and value.isdigit() and value != "0" else None
@@ -122,8 +129,8 @@ class PodmanPod:
         """The Pod and its volumes removed (``kube play --down``, then virtlab's NFS volumes); what
         could not be removed, as messages (the caller decides whether they are worth raising)."""
         problems = []
-        if self.played and self.manifest_path.exists():
-            done = self.call("kube", "play", "--down", str(self.manifest_path))
+        if self.played:
+            done = self.call("kube", "play", "--down", self.manifest_there)
             if not done.ok and self.call("pod", "exists", self.name).ok:
                 forced = self.call("pod", "rm", "--force", "--time", "0", self.name)
                 if not forced.ok:
@@ -140,11 +147,13 @@ class PodmanPod:
     def _exec(self, argv: list[str]) -> tuple[list[str], str, runc.RuncHost]:
         """podman's exec of ``argv``, the PID file as this host reads it, and the host that signals
         the command through it (``engine_container``'s steps)."""
+        inside = f"/run/virtlab-exec-{next(self._execs)}.pid"
+        exec_argv = ["podman", "exec", self.container, "/bin/sh", "-c", EXEC_WRAPPER, inside, *argv]
+        if not self.host.is_local:
+            return exec_argv, inside, self.host  # a host that signals by podman exec (pod_remote)
         pid = self.inside_pid()
         if pid is None:
             raise EnvironmentError_(f"Pod {self.name}: its workload container is not running")
-        inside = f"/run/virtlab-exec-{next(self._execs)}.pid"
-        exec_argv = ["podman", "exec", self.container, "/bin/sh", "-c", EXEC_WRAPPER, inside, *argv]
         return exec_argv, f"/proc/{pid}/root{inside}", EngineExecHost(pid)
 
     def run(self, argv: list[str], timeout_s: float) -> CommandResult:
@@ -156,49 +165,48 @@ class PodmanPod:
         exec_argv, pid_file, host = self._exec(argv)
         return runc.start_exec(host, exec_argv, pid_file, argv)
 
-    def copy_in(self, source: Path, destination: str) -> None:
-        """``source`` (a file or a directory's contents) to ``destination`` in the Pod (absolute)."""
+    def copy_in(self, source: str, is_dir: bool, destination: str) -> None:
+        """``source`` on the Pod's host (a file, or a directory's contents) to ``destination`` in the
+        Pod (absolute)."""
         parent = posixpath.dirname(destination)
-        made = self.run(["mkdir", "-p", "--", destination if source.is_dir() else parent], 60)
+        made = self.run(["mkdir", "-p", "--", destination if is_dir else parent], 60)
         if not made.ok:
             raise EnvironmentError_(f"Pod {self.name}: cannot create {parent}", made.log())
-        origin = f"{source}/." if source.is_dir() else str(source)
-        done = self.call("cp", origin, f"{self.container}:{destination}")
+        done = self.call("cp", f"{source}/." if is_dir else source, f"{self.container}:{destination}")
         if not done.ok:
             raise EnvironmentError_(f"podman cp of {source} into Pod {self.name} failed", done.log())
 
-    def copy_out(self, source: str, destination: Path) -> None:
-        """``source`` in the Pod (absolute; a directory's contents) to ``destination`` here."""
+    def copy_out(self, source: str, destination: str) -> bool:
+        """``source`` in the Pod (absolute; a directory's contents) to ``destination`` on its host;
+        whether it was a directory."""
         is_dir = self.run(["test", "-d", source], 60).ok
         if is_dir:
-            destination.mkdir(parents=True, exist_ok=True)
-        done = self.call("cp", f"{self.container}:{source}" + ("/." if is_dir else ""), str(destination))
+            self.host.make_dirs(destination)
+        done = self.call("cp", f"{self.container}:{source}" + ("/." if is_dir else ""), destination)
         if not done.ok:
             raise EnvironmentError_(f"podman cp of {source} out of Pod {self.name} failed", done.log())
+        return is_dir
 
 
 # --------------------------------------------------------------------------- leftovers
 
 
-def cleanup_leftovers() -> list[str]:
-    """Remove this machine's virtlab Pods and volumes whose owner is gone; returns their names."""
+def cleanup_leftovers(host: runc.RuncHost = runc.LOCAL) -> list[str]:
+    """Remove the virtlab Pods and volumes on ``host`` that this machine's runs left (their owner is
+    gone); returns their names."""
     machine = owner_labels()[OWNER_LABELS[0]]
     selector = f"label={OWNER_LABELS[0]}={machine}"
     removed = []
-    pods = run_process(["podman", "pod", "ps", "--filter", selector, "--format", "json"], PODMAN_TIMEOUT_S)
-    for pod in _json_list(pods):
-        record = owner_of(pod.get("Labels"))
-        if record is not None and runc.owner_gone(record, local=True):
-            run_process(["podman", "pod", "rm", "--force", "--time", "0", pod["Name"]], PODMAN_TIMEOUT_S)
-            removed.append(pod["Name"])
-    volumes = run_process(
-        ["podman", "volume", "ls", "--filter", selector, "--format", "json"], PODMAN_TIMEOUT_S
-    )
-    for volume in _json_list(volumes):
-        record = owner_of(volume.get("Labels"))
-        if record is not None and runc.owner_gone(record, local=True):
-            run_process(["podman", "volume", "rm", "--force", volume["Name"]], PODMAN_TIMEOUT_S)
-            removed.append(volume["Name"])
+    for what, remove in (
+        ("pod", ["pod", "rm", "--force", "--time", "0"]),
+        ("volume", ["volume", "rm", "--force"]),
+    ):
+        listed = host.call(["podman", what, "ls", "--filter", selector, "--format", "json"], PODMAN_TIMEOUT_S)
+        for item in _json_list(listed):
+            record = owner_of(item.get("Labels"))
+            if record is not None and runc.owner_gone(record, local=host.is_local):
+                host.call(["podman", *remove, item["Name"]], PODMAN_TIMEOUT_S)
+                removed.append(item["Name"])
     return removed
 
 
