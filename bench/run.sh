@@ -10,5 +10,7 @@ scripts/setup.sh
 .venv/bin/python bench/boot_bench.py
 # hosts check on 16 test hosts, a study on 4, each against one host; it adds its part to the results above.
 .venv/bin/python bench/fanout_bench.py
+# podman and docker containers' start to first command against runc's; it adds its part too.
+.venv/bin/python bench/engines_bench.py
 # The web and database servers through virtlab vs by hand; it adds its part to the results above.
 exec .venv/bin/python bench/apps_bench.py

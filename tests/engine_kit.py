@@ -3,8 +3,10 @@ inside (limits, storage, timeouts), and a study killed with -9 then resumed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -14,12 +16,36 @@ from pathlib import Path
 from virtlab.environments import engine_container as ec
 from virtlab.environments import oci_image as oi
 from virtlab.environments.engine_container import EngineContainerEnvironment
+from virtlab.image import GuestImage
 from virtlab.workloads.dd import Dd, DdParams
 from virtlab.workloads.primes import Primes, PrimesParams
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MiB = 2**20
 CGROUP = "/sys/fs/cgroup"
+
+
+def check_import_once(engine: oi.Engine, guest_image: GuestImage, tmp_path: Path) -> None:
+    """A tree of a few files under a key of its own imported for real, found the second time, then
+    removed (the shared guest tag, which other tests and studies use, is never touched)."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "hostname").write_text("small\n")
+    image = dataclasses.replace(guest_image, key=f"test-{secrets.token_hex(4)}", rootfs=rootfs)
+    reference = oi.guest_reference(image.key)
+    try:
+        said: list[str] = []
+        first = oi.import_guest_image(engine, image, said.append)
+        assert first.tags == (reference,)
+        assert first.id.startswith("sha256:") and len(first.id) == 71
+        assert any("importing" in line for line in said)
+        said.clear()
+        second = oi.import_guest_image(engine, image, said.append)
+        assert second.id == first.id and said == []  # found, not imported again
+        assert oi.inspect_image(engine, reference) == second
+    finally:
+        subprocess.run([engine, "rmi", "--force", reference], capture_output=True, check=False)
+    assert oi.inspect_image(engine, reference) is None
 
 
 def inside(env: EngineContainerEnvironment, *argv: str, timeout_s: float = 30) -> str:
@@ -43,7 +69,9 @@ def check_manifest(box: EngineContainerEnvironment, engine: str) -> None:
     manifest = box.manifest()
     assert manifest["kind"] == engine and manifest["cores"] == 1 and manifest["memory_bytes"] == 256 * MiB
     facts = manifest["engine"]
-    assert facts["engine"] == engine and facts["version"] and facts["storage_driver"]
+    assert (
+        facts["engine"] == engine and facts["version"] and facts["storage_driver"] and facts["client_version"]
+    )
     assert facts["version"] in manifest["runtime"] and facts["storage_driver"] in manifest["storage"]
     image = manifest["image"]
     assert image["id"].startswith("sha256:") and image["tags"] == [oi.guest_reference(box.image.key)]

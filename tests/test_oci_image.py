@@ -4,13 +4,11 @@ image checked without a pull, the engine's facts."""
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import subprocess
 from pathlib import Path
 
-import pytest
-
+import engine_kit as kit
 from marks import needs_root, needs_tools
 from virtlab.environments import oci_image as oi
 
@@ -67,32 +65,10 @@ def test_the_guest_tag_is_the_content_key_and_import_sets_path():
 needs_podman = needs_tools("podman")
 
 
-@pytest.fixture
-def small_image(guest_image, tmp_path):
-    """A guest image of a few files under a key of its own: imported for real, then removed (the
-    shared guest tag, which other tests and studies use, is never touched)."""
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "etc").mkdir(parents=True)
-    (rootfs / "etc" / "hostname").write_text("small\n")
-    image = dataclasses.replace(guest_image, key=f"test-{secrets.token_hex(4)}", rootfs=rootfs)
-    yield image
-    subprocess.run(
-        ["podman", "rmi", "--force", oi.guest_reference(image.key)], capture_output=True, check=False
-    )
-
-
 @needs_root
 @needs_podman
-def test_a_tree_is_imported_once_per_key_then_found(small_image):
-    said: list[str] = []
-    first = oi.import_guest_image("podman", small_image, said.append)
-    assert first.tags == (oi.guest_reference(small_image.key),)
-    assert first.id.startswith("sha256:") and len(first.id) == 71
-    assert any("importing" in line for line in said)
-    said.clear()
-    second = oi.import_guest_image("podman", small_image, said.append)
-    assert second.id == first.id and said == []  # found, not imported again
-    assert oi.inspect_image("podman", oi.guest_reference(small_image.key)) == second
+def test_a_tree_is_imported_once_per_key_then_found(guest_image, tmp_path):
+    kit.check_import_once("podman", guest_image, tmp_path)
 
 
 @needs_root

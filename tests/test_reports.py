@@ -279,6 +279,21 @@ def test_verdict_table_marks_like_seed_table_15(results):
     }
 
 
+def test_noise_table_tells_a_cost_beyond_the_noise_from_noise(results):
+    table = md_table(render_markdown(results), "Beyond the noise vs native")
+    assert table[0] == ["workload · metric", "container", "vm"]
+    said = {r[0].split(" (")[0]: r[1] for r in table[1:]}
+    assert said["stream · add_mb_s"] == "worse (p = 3.66e-05)"  # 12 trials each, every one lower
+    assert said["pi-1m · elapsed_s"] == "better (p = 0.00511)"
+    assert said["stream · scale_mb_s"] == "noise (p = 0.0783)"
+    assert all(r[2].startswith("—") for r in table[1:])  # vm failed: no trials to test
+    for cell in results["cells"]:
+        if (cell["environment"], cell["workload"], cell["metric"]) == ("container", "stream", "add_mb_s"):
+            cell["trials"] = cell["trials"][:1]
+    table = md_table(render_markdown(results), "Beyond the noise vs native")
+    assert row_of(table, "stream · add_mb_s")[1] == "too few trials"
+
+
 def test_trials_show_every_value_and_mark_dropped_and_outliers(results):
     table = md_table(render_markdown(results), "Trials")
     assert table[0][:3] == ["workload · metric", "environment", "1"]
@@ -405,10 +420,10 @@ def test_html_shows_the_same_tables(sample_html):
         '<li id="why-a"><strong>(a)</strong> <span class="where">every workload in vm</span>: '
         "environment vm failed" in html
     )
-    assert html.count('href="#why-a"') == 7 * 4  # results, overhead, verdict and trials
+    assert html.count('href="#why-a"') == 7 * 5  # results, overhead, verdict, beyond the noise, trials
     assert 'class="num num dropped"' in html
     assert "KVM internal error. Suberror: 1" in html
-    for anchor in ("results", "overhead", "verdict", "charts", "over-time", "trials", "failures"):
+    for anchor in ("results", "overhead", "verdict", "noise", "charts", "over-time", "trials", "failures"):
         assert f'href="#{anchor}"' in html and f'id="{anchor}"' in html
 
 

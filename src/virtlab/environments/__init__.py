@@ -14,6 +14,7 @@ from virtlab.environments._base import (
 )
 
 ENVIRONMENTS.add_lazy("container", "virtlab.environments.container:ContainerEnvironment")
+ENVIRONMENTS.add_lazy("docker", "virtlab.environments.docker:DockerEnvironment")
 ENVIRONMENTS.add_lazy("podman", "virtlab.environments.podman:PodmanEnvironment")
 ENVIRONMENTS.add_lazy("ssh", "virtlab.environments.ssh:SshEnvironment")
 ENVIRONMENTS.add_lazy("vm", "virtlab.environments.vm:VmEnvironment")

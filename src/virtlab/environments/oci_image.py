@@ -15,6 +15,7 @@ Every command is an argument list of the engine's own CLI (``podman``, ``docker`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -51,6 +52,8 @@ class EngineFacts:
     cgroup_version: str | None
     runtime: str | None
     """The OCI runtime the engine starts containers with (its name and version where told)."""
+    client_version: str | None = None
+    """The version of the CLI virtlab ran (docker's may differ from its daemon's)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,9 +161,11 @@ def engine_facts(engine: Engine) -> EngineFacts:
     if not done.ok:
         raise EnvironmentError_(f"{engine} info failed ({done.status()})", done.log())
     try:
-        return parse_podman_info(done.stdout) if engine == "podman" else parse_docker_info(done.stdout)
+        facts = parse_podman_info(done.stdout) if engine == "podman" else parse_docker_info(done.stdout)
     except (ValueError, AttributeError) as error:
         raise EnvironmentError_(f"{engine} info printed no JSON ({error})", done.log()) from error
+    client = engine_call(engine, "version", "--format", "{{.Client.Version}}")
+    return dataclasses.replace(facts, client_version=(client.stdout.strip() or None) if client.ok else None)
 
 
 def inspect_image(engine: Engine, reference: str) -> ImageFacts | None:

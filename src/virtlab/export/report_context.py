@@ -207,6 +207,9 @@ class Report:
     trials_legend: str
     paper: tuple[Table, ...] = ()
     """Against the paper: the published figures and the findings judged (:mod:`virtlab.export.paper`)."""
+    noise: Table | None = None
+    """Whether each environment differs from its baseline beyond the noise (Mann-Whitney U on the raw
+    trials); None when there is nothing to judge (only baselines)."""
     hosts: Table | None = None
     """The hosts of a study that ran beyond this machine, with their facts; None for one that did not."""
     host_differences: Table | None = None

@@ -154,6 +154,40 @@ def verdict_table(ctx: ReportContext) -> Table:
     )
 
 
+NOISE_ALPHA = 0.05
+"""The level of the noise table's test, as ``virtlab compare``'s default."""
+
+
+def noise_table(ctx: ReportContext) -> Table | None:
+    """Whether each environment costs more than the noise: a two-sided Mann-Whitney U test of its raw
+    trials against its baseline's (the test ``virtlab compare`` applies between two studies)."""
+    if not ctx.others:
+        return None
+
+    def shown(cell: ResultCell | None, overhead: float) -> Cell:
+        if cell is None:  # never: an overhead was given, so both figures exist
+            return Cell("", "missing")
+        base = ctx.cells.get((ctx.baseline_of(cell.environment) or ctx.baseline, cell.workload, cell.metric))
+        if base is None or min(len(cell.finite_trials), len(base.finite_trials)) < 2:
+            return Cell("too few trials", "missing")
+        p_value = stats.mann_whitney_u(base.finite_trials, cell.finite_trials).p_value
+        said = f"p = {format_number(p_value)}"
+        if p_value >= NOISE_ALPHA or not overhead:
+            return Cell(f"noise ({said})")
+        return Cell(f"worse ({said})", "bad") if overhead > 0 else Cell(f"better ({said})", "ok")
+
+    return Table(
+        key="noise",
+        title=f"Beyond the noise vs {ctx.baseline}",
+        **_judged_columns(ctx),
+        rows=_judgement_rows(ctx, shown),
+        caption=f"A two-sided Mann-Whitney U test of each cell's raw trials against {ctx.baseline}'s: "
+        f"worse = it costs more than the noise (p < {NOISE_ALPHA:g}), better = it gains beyond the noise, "
+        "noise = the trials do not tell the two apart. With 3 trials or fewer a side, no difference "
+        "can reach that level.",
+    )
+
+
 def trials_table(ctx: ReportContext) -> Table:
     """Every raw trial: a row per (metric, environment), a column per trial."""
     # at least one trial column, where "not measured" goes when nothing was
@@ -423,6 +457,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         legend=LEGEND,
         trials_legend=trials_legend,
         paper=paper_tables(ctx.results),
+        noise=noise_table(ctx),
         hosts=hosts_table(ctx),
         host_differences=host_differences_table(ctx),
         preset_line=preset_line(ctx.study),
