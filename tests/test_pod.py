@@ -33,6 +33,7 @@ from virtlab.environments.pod_manifest import (
     build_pod,
     check_round_trip,
     cpu_quantity,
+    first_difference,
     owner_labels,
     owner_of,
     persistent_volumes,
@@ -88,6 +89,7 @@ def test_cpus_and_memory_become_requests_equal_to_limits_and_the_pod_survives_a_
     assert volumes["virtlab-a-1-scratch"].empty_dir is not None
     assert volumes["virtlab-a-1-bin"].host_path.path == "/k"
     document = to_dict(pod)
+    assert (document["apiVersion"], document["kind"]) == ("v1", "Pod")
     assert check_round_trip(document) == pod  # nothing the models would drop
     assert to_dict(to_model(document)) == document
     assert [cpu_quantity(c) for c in (2, 0.5, 1.25, 0.001)] == ["2", "500m", "1250m", "1m"]
@@ -108,6 +110,8 @@ def test_the_plans_volumes_and_one_at_mnt_replaces_the_scratch():
     assert by_name["db"].persistent_volume_claim.claim_name == "their-claim"
     mounts = {m.mount_path: (m.name, m.read_only) for m in pod.spec.containers[0].volume_mounts}
     assert mounts["/mnt"] == ("data", None) and mounts["/db"] == ("db", True)
+    elsewhere = build_pod(spec(volumes=volumes[1:]), "p", {})  # none at /mnt: virtlab's scratch is there
+    assert [v.name for v in elsewhere.spec.volumes] == ["tmp", "db", "p-scratch", "p-bin"]
 
 
 def test_an_nfs_volume_is_a_persistent_volume_and_its_claim_bound_by_name():
@@ -124,6 +128,57 @@ def test_an_nfs_volume_is_a_persistent_volume_and_its_claim_bound_by_name():
         assert to_dict(to_model(to_dict(model), kind)) == to_dict(model)
     pod = build_pod(spec(volumes=(nfs,)), "virtlab-x-1", {})
     assert {v.name: v for v in pod.spec.volumes}["n"].persistent_volume_claim.claim_name == "virtlab-x-1-n"
+
+
+def test_every_nfs_volume_has_its_own_volume_and_claim_of_its_size_and_mode():
+    volumes = (
+        PodVolume(name="local", mount="/l", type="emptyDir"),
+        PodVolume(name="a", mount="/a", type="persistentVolumeClaim", nfs={"server": "s1", "path": "/x"}),
+        PodVolume(
+            name="b",
+            mount="/b",
+            type="persistentVolumeClaim",
+            nfs={"server": "s2", "path": "/y"},
+            size_mb=300,
+            read_only=True,
+        ),  # fmt: skip
+    )
+    made = persistent_volumes(volumes, "p", {})
+    assert [
+        (pv.metadata.name, pv.spec.nfs.server, pv.spec.capacity, pv.spec.access_modes) for pv, _ in made
+    ] == [
+        ("p-a", "s1", {"storage": "1024Mi"}, ["ReadWriteMany"]),
+        ("p-b", "s2", {"storage": "300Mi"}, ["ReadOnlyMany"]),
+    ]
+    assert [c.spec.resources.requests for _, c in made] == [{"storage": "1024Mi"}, {"storage": "300Mi"}]
+    assert made[1][1].spec.access_modes == ["ReadOnlyMany"]
+    assert made[0][0].spec.persistent_volume_reclaim_policy == "Retain"  # virtlab deletes it, not the cluster
+
+
+@pytest.mark.parametrize(
+    ("given", "kept", "where"),
+    [
+        ({"a": 1, "b": {"c": [1, {"d": 2}]}}, {"a": 1, "b": {"c": [1, {"d": 2}]}, "extra": 0}, None),
+        ({"a": None, "b": 1}, {"b": 1}, None),  # a null is what the models leave out anyway
+        ({"a": 1, "b": 2}, {"a": 1}, "b"),
+        ({"s": {"x": 1}}, {"s": 5}, "s"),
+        ({"s": [{"x": 1}, {"y": 2}]}, {"s": [{"x": 1}, {}]}, "s[1].y"),
+        ({"s": [1, 2]}, {"s": [1]}, "s"),
+        ({"s": [1]}, {"s": "1"}, "s"),
+        ({"cpu": 2}, {"cpu": "2"}, None),  # a quantity the models carry as text
+        ({"n": 1}, {"n": 2}, "n"),
+        ({"x": {}}, {}, "x"),
+    ],
+)
+def test_the_first_value_the_models_dropped_is_named(given, kept, where):
+    assert first_difference(given, kept) == where
+
+
+def test_a_manifest_of_another_api_version_is_refused(tmp_path):
+    path = tmp_path / "pod.yaml"
+    path.write_text(USER_POD.replace("apiVersion: v1", "apiVersion: v2"))
+    with pytest.raises(ManifestError, match="is a 'Pod' of apiVersion 'v2', not a Pod"):
+        read_pod_yaml(path)
 
 
 def test_a_users_pod_keeps_its_own_and_gets_only_the_workload_container(tmp_path):
@@ -163,7 +218,15 @@ def test_a_manifest_that_is_not_a_whole_pod_is_refused(tmp_path, text, said):
 def test_owner_labels_name_this_process_and_nothing_else_is_an_owner():
     record = owner_of(owner_labels())
     assert record is not None and record["owner_pid"] == os.getpid()
-    assert owner_of({}) is None and owner_of({"virtlab.owner-machine": "m", "virtlab.owner-pid": "x"}) is None
+    machine, pid, start = ("virtlab.owner-machine", "virtlab.owner-pid", "virtlab.owner-start")
+    assert owner_of({machine: "m", pid: "12", start: "34"}) == {
+        "owner_machine": "m",
+        "owner_pid": 12,
+        "owner_start": 34,
+    }
+    partial = ({}, {machine: "m", pid: "x", start: "1"}, {machine: "m", pid: "1"}, {pid: "1", start: "2"},
+               {machine: "m", pid: "1", start: "y"})  # fmt: skip
+    assert [owner_of(labels) for labels in partial] == [None] * 5
 
 
 # --------------------------------------------------------------------------- a cluster's answers (pure)
