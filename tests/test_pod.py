@@ -40,6 +40,7 @@ from virtlab.environments.pod_manifest import (
     read_pod_yaml,
     to_dict,
     to_model,
+    to_yaml,
 )
 from virtlab.environments.remote_container import send_tar
 from virtlab.errors import InputError
@@ -94,6 +95,27 @@ def test_cpus_and_memory_become_requests_equal_to_limits_and_the_pod_survives_a_
     assert to_dict(to_model(document)) == document
     assert [cpu_quantity(c) for c in (2, 0.5, 1.25, 0.001)] == ["2", "500m", "1250m", "1m"]
     assert build_pod(spec(cpus=None, memory_mb=None), "p", {}).spec.containers[0].resources is None
+
+
+def test_the_manifests_are_the_golden_ones_and_each_survives_its_models_round_trip():
+    volumes = (
+        PodVolume(name="data", mount="/data", type="hostPath", path="/srv/data"),
+        PodVolume(name="tmp", mount="/scratch", type="emptyDir", size_mb=64),
+        PodVolume(name="db", mount="/db", type="persistentVolumeClaim", claim="their-claim", read_only=True),
+        PodVolume(name="nfs", mount="/mnt/nfs", type="persistentVolumeClaim",
+                  nfs={"server": "192.0.2.20", "path": "/export"}),
+    )  # fmt: skip
+    given = spec(image="localhost/virtlab/guest:f15bd34110cecf17", cpus=1.5, memory_mb=512, volumes=volumes,
+                 bin_source="/opt/kernels")  # fmt: skip
+    labels = {"virtlab.owner-machine": "d6389c4a", "virtlab.owner-pid": "7", "virtlab.owner-start": "99"}
+    documents = [d for pair in persistent_volumes(volumes, "virtlab-io-0a1b2c", labels) for d in pair]
+    documents.append(build_pod(given, "virtlab-io-0a1b2c", labels))
+    golden = (Path(__file__).parent / "data" / "pod_manifest.yaml").read_text()
+    assert "---\n".join(to_yaml(d) for d in documents) == "".join(golden.splitlines(True)[2:])
+    for document, kind in zip(
+        documents, ("V1PersistentVolume", "V1PersistentVolumeClaim", "V1Pod"), strict=True
+    ):
+        assert to_dict(to_model(to_dict(document), kind)) == to_dict(document)
 
 
 def test_the_plans_volumes_and_one_at_mnt_replaces_the_scratch():
