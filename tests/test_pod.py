@@ -129,6 +129,8 @@ def test_the_plans_volumes_and_one_at_mnt_replaces_the_scratch():
     assert set(by_name) == {"data", "tmp", "db", "p-bin"}  # no scratch of virtlab's: data is at /mnt
     assert by_name["data"].host_path.path == "/srv/data"
     assert by_name["tmp"].empty_dir.size_limit == "64Mi"
+    unsized = build_pod(spec(volumes=(PodVolume(name="e", mount="/e", type="emptyDir"),)), "p", {})
+    assert unsized.spec.volumes[0].empty_dir.size_limit is None
     assert by_name["db"].persistent_volume_claim.claim_name == "their-claim"
     mounts = {m.mount_path: (m.name, m.read_only) for m in pod.spec.containers[0].volume_mounts}
     assert mounts["/mnt"] == ("data", None) and mounts["/db"] == ("db", True)
@@ -182,6 +184,7 @@ def test_every_nfs_volume_has_its_own_volume_and_claim_of_its_size_and_mode():
     [
         ({"a": 1, "b": {"c": [1, {"d": 2}]}}, {"a": 1, "b": {"c": [1, {"d": 2}]}, "extra": 0}, None),
         ({"a": None, "b": 1}, {"b": 1}, None),  # a null is what the models leave out anyway
+        ({"a": None, "b": 1}, {}, "b"),
         ({"a": 1, "b": 2}, {"a": 1}, "b"),
         ({"s": {"x": 1}}, {"s": 5}, "s"),
         ({"s": [{"x": 1}, {"y": 2}]}, {"s": [{"x": 1}, {}]}, "s[1].y"),
