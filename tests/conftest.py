@@ -73,6 +73,7 @@ HEAVIEST_FIRST = (
     "test_libvirt",
     "test_apps_alone_plan",
     "test_remote_container",
+    "test_pod",
     "test_numa_live_migration",
     "test_priority",
 )
