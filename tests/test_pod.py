@@ -42,6 +42,7 @@ from virtlab.environments.pod_manifest import (
     to_model,
     to_yaml,
 )
+from virtlab.environments.pod_podman import nfs_volume_argv
 from virtlab.environments.remote_container import send_tar
 from virtlab.errors import InputError
 from virtlab.export import render_html, render_markdown
@@ -177,6 +178,13 @@ def test_every_nfs_volume_has_its_own_volume_and_claim_of_its_size_and_mode():
     assert [c.spec.resources.requests for _, c in made] == [{"storage": "1024Mi"}, {"storage": "300Mi"}]
     assert made[1][1].spec.access_modes == ["ReadOnlyMany"]
     assert made[0][0].spec.persistent_volume_reclaim_policy == "Retain"  # virtlab deletes it, not the cluster
+    assert made[0][0].spec.mount_options is None
+    other_port = PodVolume(name="c", mount="/c", type="persistentVolumeClaim",
+                           nfs={"server": "s", "path": "/z", "port": 20490})  # fmt: skip
+    assert persistent_volumes((other_port,), "p", {})[0][0].spec.mount_options == ["port=20490"]
+    argv = nfs_volume_argv(other_port, "p-c", {"l": "v"})
+    assert argv[argv.index("--opt", argv.index("type=nfs")) + 1] == "o=addr=s,port=20490,rw"
+    assert argv[-3:] == ["--label", "l=v", "p-c"] and "device=s:/z" in argv
 
 
 @pytest.mark.parametrize(

@@ -237,7 +237,7 @@ class PodSide:
         if problem:
             raise EnvironmentError_(f"{problem}; the Pod's NFS PersistentVolume cannot be mounted here")
         assert self._spec is not None and self.pod is not None
-        server = NfsServer(server=export.address, path=export.pseudo_path)
+        server = NfsServer(server=export.address, path=export.pseudo_path, port=export.port)
         volume = PodVolume(name="virtlab-nfs", mount=NFS_MOUNT, type="persistentVolumeClaim", nfs=server)
         spec = self._spec.model_copy(update={"volumes": (*self._spec.volumes, volume)})
         self.pod.down()

@@ -48,6 +48,7 @@ class NfsServer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     server: str = Field(min_length=1, description="the NFS server's address or name, as the node resolves it")
     path: str = Field(pattern=r"^/", description="the exported directory on the server (absolute)")
+    port: int = Field(default=2049, ge=1, le=65535, description="the server's NFS port")
 
 
 class PodVolume(BaseModel):
@@ -342,6 +343,8 @@ def persistent_volumes(
                 access_modes=access,
                 persistent_volume_reclaim_policy="Retain",
                 storage_class_name="",
+                # a PersistentVolume's NFS source has no port: a mount option carries one
+                mount_options=[f"port={volume.nfs.port}"] if volume.nfs.port != 2049 else None,
                 nfs=client.V1NFSVolumeSource(server=volume.nfs.server, path=volume.nfs.path),
             ),
         )

@@ -58,7 +58,8 @@ def podman_argv(conf: str, *args: str) -> list[str]:
 def nfs_volume_argv(volume: PodVolume, claim: str, labels: dict[str, str]) -> list[str]:
     """``podman volume create`` of an NFS volume the Pod's claim names (a PersistentVolume's part)."""
     assert volume.nfs is not None
-    options = "addr=" + volume.nfs.server + (",ro" if volume.read_only else ",rw")
+    port = f",port={volume.nfs.port}" if volume.nfs.port != 2049 else ""
+    options = f"addr={volume.nfs.server}{port}" + (",ro" if volume.read_only else ",rw")
     argv = ["podman", "volume", "create", "--driver", "local", "--opt", "type=nfs", "--opt", f"o={options}"]
     argv += ["--opt", f"device={volume.nfs.server}:{volume.nfs.path}"]
     for key, value in labels.items():
