@@ -609,6 +609,7 @@ def test_a_pod_on_a_remote_host_by_its_podman_over_ssh(lab, kernel_build, guest_
         assert (tmp_path / "back" / "key").read_text() == "secret\n"
         manifest = environment.manifest()
         assert manifest["host_name"] == "fleet-1" and manifest["cores"] == 0.5
+        assert manifest["runtime"].startswith("podman 4.") and manifest["storage"] == "/mnt: emptyDir"
         assert manifest["pod_manifest"] == (tmp_path / "work" / "pod.yaml").read_text()
         assert f"{environment.remote_dir}/bin" in manifest["pod_manifest"]  # the kernels shipped there
         # the guest image's way into the host's podman (this host shares this machine's store, where

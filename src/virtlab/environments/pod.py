@@ -303,7 +303,7 @@ class PodSide:
         if o.runtime == "kubernetes":
             runtime, engine = "kubernetes (the cluster's container runtime)", None
         else:
-            engine = oci_image.engine_facts("podman")
+            engine = self._engine_facts()
             runtime = (
                 f"podman {engine.version} kube play ({engine.storage_driver}, "
                 f"cgroups {engine.cgroup_version}) on {engine.runtime}"
@@ -311,7 +311,11 @@ class PodSide:
         where = (
             f"on {self.pod.server}" if o.runtime == "kubernetes" else f"podman kube play on {self._where()}"
         )
-        storage = ", ".join(f"{v.mount}: {v.type}" for v in (self._spec.volumes if self._spec else ())) or ""
+        volumes = [f"{v.mount}: {v.type}" for v in (self._spec.volumes if self._spec else ())]
+        if not any(
+            posixpath.normpath(v.mount) == SCRATCH for v in (self._spec.volumes if self._spec else ())
+        ):
+            volumes.append(f"{SCRATCH}: emptyDir")
         inside = describe_inside(
             probe_inside(self, self.pod_name),
             {
@@ -320,7 +324,7 @@ class PodSide:
                 "network": f"the Pod's own network namespace ({where})",
                 "network_mode": "pod",
                 "address": None,
-                "storage": storage or f"{SCRATCH}: emptyDir",
+                "storage": ", ".join(volumes),
                 "runtime": runtime,
                 "image_key": self.image_reference,
                 "container_id": self.pod_name,
