@@ -76,6 +76,7 @@ HEAVIEST_FIRST = (
     "test_apps_alone_plan",
     "test_remote_container",
     "test_nfs_hosts",  # added 2026-11-27: 38 s alone (a fleet, two TCG boots)
+    "test_pod",
     "test_numa_live_migration",
     "test_priority",
     "test_podman",

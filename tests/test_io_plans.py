@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from marks import needs_runc
+from marks import needs_runc, needs_tools
 from virtlab import nfs
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
@@ -111,10 +111,14 @@ def test_the_hyperv_report_plan_runs_and_reports_its_curves(guest_image, tmp_pat
 
 
 @needs_runc
+@needs_tools("podman", "catatonit")
 @pytest.mark.slow
 def test_the_container_vs_vm_plan_runs_with_a_tcg_vm(guest_image, tmp_path):
     plan = load_plan(PLANS / "container-vs-vm-io.toml")
-    assert [e.name for e in plan.environments] == ["native", "container", "vm", "vm-datastore"]
+    assert [(e.name, e.kind) for e in plan.environments] == [
+        ("native", "native"), ("container", "pod"), ("vm", "vm"), ("vm-datastore", "vm")
+    ]  # fmt: skip
+    # The container column is a Pod (the seed's Kubernetes Pod).
     # The datastore VM (the seed's second ESXi guest) runs in tests/test_nfs.py's study; here the
     # plan's other three, as before.
     assert plan.environments[3].options.nfs_access == "datastore"

@@ -453,7 +453,7 @@ def test_the_seed_presets_have_vms_where_the_papers_had_vms_and_the_papers_sizes
     # seed's two ESXi guests), fio 10 times on a 2048 MB file, dd 64 .. 8192 MB, all over NFS as the
     # seed's (one pass: its 5 dd passes take about 3 h here, the preset says so)
     io = seed["container-vs-vm-io"]
-    assert sorted(kinds(io).values()) == ["container", "native", "vm", "vm"] and io.study.trials == 1
+    assert sorted(kinds(io).values()) == ["native", "pod", "vm", "vm"] and io.study.trials == 1
     datastore = {e.name: e.options for e in io.environments}["vm-datastore"]
     assert datastore.nfs_access == "datastore" and datastore.datastore_mb > 8192  # the 8192 MB file fits
     assert all(w.workload.params.storage == "nfs" for w in io.workloads)

@@ -344,7 +344,7 @@ def parse_plan(
     study = _validated(StudySpec, document.get("study"), source, "study")
     hosts = _hosts(document, source, directory or Path("."))
     environments = tuple(
-        _environment(table, source, i, hosts)
+        _environment(table, source, i, hosts, directory or Path("."))
         for i, table in enumerate(_tables(document, "environment", source))
     )
     environments = place_bridged_guests(environments, hosts, source)
@@ -539,17 +539,19 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
     return tuple(hosts)
 
 
-def _environment(table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...]) -> EnvironmentSpec:
+def _environment(
+    table: dict[str, Any], source: str, index: int, hosts: tuple[Host, ...], directory: Path
+) -> EnvironmentSpec:
+    """``directory``: what an option naming a file (a Pod's ``pod_yaml``) is relative to."""
     name, kind, cls, where = _plugin_table(table, source, f"environment[{index}]", ENVIRONMENTS)
     host = _placement(table, kind, hosts, source, where)
     if host is None:
         # The ssh kind's own ``host`` (an address) when it names no host of the plan: as before.
         keys = ("name", "kind", "control", "power_plan") + (() if kind == "ssh" else ("host",))
-        options = _validated(cls.Options, _without(table, *keys), source, where)
+        options = _validated(cls.Options, _without(table, *keys), source, where, {"directory": directory})
     else:
-        cls, options = _remote(
-            kind, host, _without(table, "name", "kind", "control", "host", "power_plan"), source, where
-        )
+        values = _without(table, "name", "kind", "control", "host", "power_plan")
+        cls, options = _remote(kind, host, values, source, where, directory)
     host_name = host.name if host is not None else None
     power_plan = _power_plan(table, kind, host_name, source, where)
     if "control" not in table:
@@ -606,7 +608,7 @@ def _placement(
 
 
 def _remote(
-    kind: str, host: Host, values: dict[str, Any], source: str, where: str
+    kind: str, host: Host, values: dict[str, Any], source: str, where: str, directory: Path
 ) -> tuple[type[Environment], EnvironmentOptions]:
     """The class and options that run an environment of ``kind`` on the remote ``host``, or an
     InputError saying what to use instead."""
@@ -632,6 +634,16 @@ def _remote(
         return cls, _validated(cls.Options, {**values, "uri": uri}, source, where)
     if kind == "vm":
         return _remote_vm(host, values, source, where)
+    if kind == "pod":
+        from virtlab.environments.pod_remote import RemotePodEnvironment
+
+        cls = RemotePodEnvironment
+        if isinstance(values.get("pod_yaml"), str):  # a file of the plan's, as on this machine
+            values = {**values, "pod_yaml": str(directory / Path(values["pod_yaml"]).expanduser())}
+        try:
+            return cls, ssh_options(host, values, cls.Options)
+        except ValidationError as error:
+            raise _input_error(error, cls.Options, source, where) from None
     # Every built-in kind runs on a remote host; a third-party kind does only on this machine.
     raise InputError(
         source,
@@ -835,13 +847,15 @@ def _without(table: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {key: value for key, value in table.items() if key not in keys}
 
 
-def _validated(model: type[BaseModel], values: Any, source: str, where: str) -> Any:
+def _validated(
+    model: type[BaseModel], values: Any, source: str, where: str, context: dict[str, Any] | None = None
+) -> Any:
     if values is None:
         values = {}
     if not isinstance(values, dict):
         raise InputError(source, f"{where} must be a table", f"write it as [{where}]")
     try:
-        return model.model_validate(values)
+        return model.model_validate(values, context=context)
     except ValidationError as error:
         raise _input_error(error, model, source, where) from None
 

@@ -19,6 +19,7 @@ ENVIRONMENTS.add_lazy("podman", "virtlab.environments.podman:PodmanEnvironment")
 ENVIRONMENTS.add_lazy("ssh", "virtlab.environments.ssh:SshEnvironment")
 ENVIRONMENTS.add_lazy("vm", "virtlab.environments.vm:VmEnvironment")
 ENVIRONMENTS.add_lazy("libvirt", "virtlab.environments.libvirt:LibvirtEnvironment")
+ENVIRONMENTS.add_lazy("pod", "virtlab.environments.pod:PodEnvironment")
 
 __all__ = [
     "ENVIRONMENTS",

@@ -314,44 +314,9 @@ class RemoteContainerEnvironment(SshEnvironment):
 
     def _send_tree(self, parent: Path, name: str, destination: str, size_bytes: int) -> None:
         """``parent/name`` into ``destination`` there: tar here, piped into tar there over SSH."""
-        timeout_s = 300 + size_bytes / 10e6  # at least 10 MB/s
-        unpack = self._ssh_argv(["tar", "-C", destination, "--numeric-owner", "-xf", "-"], takes_input=True)
-        with tempfile.TemporaryFile() as tar_errors:
-            pack = subprocess.Popen(
-                ["tar", "-C", str(parent), "--numeric-owner", "-cf", "-", name],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=tar_errors, start_new_session=True,
-            )  # fmt: skip
-            assert pack.stdout is not None
-            try:
-                ssh = subprocess.Popen(
-                    unpack, stdin=pack.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    text=True, errors="replace", start_new_session=True,
-                )  # fmt: skip
-            finally:
-                pack.stdout.close()  # ssh holds it now: tar sees a broken pipe if ssh ends early
-            started = time.monotonic()
-            try:
-                out, err = ssh.communicate(timeout=timeout_s)
-                pack.wait(timeout=60)
-            except BaseException as error:
-                for process in (pack, ssh):
-                    _kill_group(process)
-                    process.wait()
-                if isinstance(error, subprocess.TimeoutExpired):
-                    raise EnvironmentError_(
-                        f"ssh {self.target}: shipping the guest tree took longer than {timeout_s:.0f} s"
-                    ) from None
-                raise
-            tar_errors.seek(0)
-            packed_errors = tar_errors.read().decode(errors="replace")
-        result = CommandResult(tuple(unpack), ssh.returncode, out, err, time.monotonic() - started)
-        if pack.returncode != 0 or not result.ok:
-            self._check_connection(result)
-            raise EnvironmentError_(
-                f"ssh {self.target}: shipping the guest tree failed (tar here: exit {pack.returncode}, "
-                f"there: exit {ssh.returncode})",
-                f"--- tar here ---\n{packed_errors[-4000:]}\n{result.log()}",
-            )
+        unpack = ["tar", "-C", destination, "--numeric-owner", "-xf", "-"]
+        send_tar(self, ["tar", "-C", str(parent), "--numeric-owner", "-cf", "-", name], unpack, size_bytes,
+                 "shipping the guest tree")  # fmt: skip
 
     def _write_owner(self) -> None:
         assert self._host is not None
@@ -452,7 +417,7 @@ class SshRuncHost(runc.RuncHost):
 
     is_local = False
 
-    def __init__(self, environment: RemoteContainerEnvironment) -> None:
+    def __init__(self, environment: SshEnvironment) -> None:
         self.environment = environment
 
     def call(self, argv: list[str], timeout_s: float, log: str | None = None) -> CommandResult:
@@ -507,6 +472,52 @@ class SshRuncHost(runc.RuncHost):
         if not done.ok:
             raise EnvironmentError_(f"ssh {self.environment.target}: {what} failed", done.log())
         return done
+
+
+def send_tar(
+    environment: SshEnvironment, pack_argv: list[str], remote_argv: list[str], size_bytes: int, what: str
+) -> CommandResult:
+    """``pack_argv`` (a tar here) piped into ``remote_argv`` there over the environment's SSH
+    connection (tar unpacking, ``podman import``); EnvironmentError_ when either side fails."""
+    timeout_s = 300 + size_bytes / 10e6  # at least 10 MB/s
+    receive = environment._ssh_argv(remote_argv, takes_input=True)
+    with tempfile.TemporaryFile() as tar_errors:
+        pack = subprocess.Popen(
+            pack_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=tar_errors,
+            start_new_session=True,
+        )  # fmt: skip
+        assert pack.stdout is not None
+        try:
+            ssh = subprocess.Popen(
+                receive, stdin=pack.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, errors="replace", start_new_session=True,
+            )  # fmt: skip
+        finally:
+            pack.stdout.close()  # ssh holds it now: tar sees a broken pipe if ssh ends early
+        started = time.monotonic()
+        try:
+            out, err = ssh.communicate(timeout=timeout_s)
+            pack.wait(timeout=60)
+        except BaseException as error:
+            for process in (pack, ssh):
+                _kill_group(process)
+                process.wait()
+            if isinstance(error, subprocess.TimeoutExpired):
+                raise EnvironmentError_(
+                    f"ssh {environment.target}: {what} took longer than {timeout_s:.0f} s"
+                ) from None
+            raise
+        tar_errors.seek(0)
+        packed_errors = tar_errors.read().decode(errors="replace")
+    result = CommandResult(tuple(receive), ssh.returncode, out, err, time.monotonic() - started)
+    if pack.returncode != 0 or not result.ok:
+        environment._check_connection(result)
+        raise EnvironmentError_(
+            f"ssh {environment.target}: {what} failed (tar here: exit {pack.returncode}, "
+            f"there: exit {ssh.returncode})",
+            f"--- tar here ---\n{packed_errors[-4000:]}\n{result.log()}",
+        )
+    return result
 
 
 def owner_tag() -> str:

@@ -99,5 +99,8 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
             parts += failure_section(failure)
     parts += table_section(report.environments)
     parts += table_section(report.differences)
+    for title, text in report.documents:  # a Pod's manifest as it ran
+        fence = _fence(text)
+        parts += [f"### {escape(title)}", f"{fence}yaml\n{text.rstrip()}\n{fence}"]
     parts += table_section(report.metadata)
     return "\n\n".join(parts) + "\n"

@@ -216,6 +216,9 @@ class Report:
     """Where those hosts differ in what changes a measurement; None with :attr:`hosts`."""
     preset_line: str = ""
     """Which of the plan's presets ran (``virtlab run --preset``); "" for the plan as written."""
+    documents: tuple[tuple[str, str], ...] = ()
+    """What environments ran from, shown whole under the environments: (title, text), e.g. a Pod's
+    manifest (``manifest["pod_manifest"]``)."""
 
 
 # --------------------------------------------------------------------------

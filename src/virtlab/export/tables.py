@@ -283,6 +283,18 @@ def environments_table(ctx: ReportContext) -> Table:
     return Table(key="environments", title="Environments", header=header, rows=tuple(rows))
 
 
+def environment_documents(ctx: ReportContext) -> tuple[tuple[str, str], ...]:
+    """Each Pod's manifest as it ran (the environments' ``pod_manifest``), titled by its environment."""
+    documents = []
+    for env in ctx.envs:
+        info = ctx.env_info.get(env)
+        text = info.manifest.get("pod_manifest") if info is not None and info.manifest is not None else None
+        if isinstance(text, str) and text:
+            where = info.manifest.get("pod_manifest_file") if info is not None and info.manifest else None
+            documents.append((f"Pod manifest of {env}" + (f" ({where})" if where else ""), text))
+    return tuple(documents)
+
+
 def differences_table(ctx: ReportContext) -> Table:
     """Where an environment's manifest differs from the baseline's (CPU flags, kernel, clock)."""
     rows = [
@@ -449,6 +461,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         hosts=hosts_table(ctx),
         host_differences=host_differences_table(ctx),
         preset_line=preset_line(ctx.study),
+        documents=environment_documents(ctx),
     )
 
 
