@@ -131,14 +131,15 @@ def test_a_host_lost_mid_study_fails_only_its_cells_and_resume_finishes_them(lab
     assert finished["two"][: len(kept)] == kept and finished["here"] == spans["here"]
 
 
-def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, tmp_path):
+def test_iperf3_nuttcp_and_scp_run_between_two_hosts_over_their_own_addresses(lab, tmp_path):
     text = (
         f'inventory = "{lab.inventory}"\n\n'
         '[study]\nname = "wire"\ntrials = 2\nwarmups = 0\nbaseline = "one"\n\n'
         '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
         '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
         '[[workload]]\nname = "iperf3"\nkind = "iperf3"\npeer = "one"\nduration_s = 1\n\n'
-        '[[workload]]\nname = "nuttcp"\nkind = "nuttcp"\npeer = "one"\nduration_s = 1\n'
+        '[[workload]]\nname = "nuttcp"\nkind = "nuttcp"\npeer = "one"\nduration_s = 1\n\n'
+        '[[workload]]\nname = "scp"\nkind = "scp"\npeer = "one"\nsize_mb = 8\ncipher = "aes128-ctr"\n'
     )
     out = tmp_path / "out"
     outcome = run_study(parse_plan(text, "wire.toml"), out)
@@ -156,6 +157,19 @@ def test_iperf3_and_nuttcp_run_between_two_hosts_over_their_own_addresses(lab, t
             across[workload]["context"]["server"] == "one" and across[workload]["context"]["client"] == "two"
         )
         assert len(across[workload]["trials"]) == 2 and all(v > 0 for v in across[workload]["trials"])
+    # scp (seed 000 Table 16) the other way: one's scp client sends into the sshd virtlab starts in two
+    scp = next(
+        c
+        for c in cells
+        if c["environment"] == "two" and c["workload"] == "scp" and c["metric"] == "overall_mbs"
+    )
+    assert (scp["context"]["path"], scp["context"]["client"], scp["context"]["server"]) == (
+        "network",
+        "one",
+        "two",
+    )
+    assert scp["context"]["address"] == lab.host("fleet-2").address
+    assert len(scp["trials"]) == 2 and all(v > 0 for v in scp["trials"])
     # the report labels each network figure: one's own cell is loopback, two's names both hosts
     report = (out / "report.md").read_text()
     table = report.split("## nuttcp, 1 stream, Mbps (seed 000 Table 9)")[1].split("\n## ")[0]
