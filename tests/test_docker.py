@@ -169,3 +169,9 @@ def test_the_ci_helper_leaves_a_running_daemon_alone(daemon, tmp_path, capsys):
     assert "already answers" in capsys.readouterr().out and not pid_file.exists()
     assert dockerd.main(["stop", "--pid-file", str(pid_file)]) == 0
     assert "no dockerd of ours" in capsys.readouterr().out and dockerd.answering()
+
+
+@needs_root
+@needs_docker
+def test_kill_9_mid_trial_then_resume_leaves_only_the_cached_image(daemon, guest_image, tmp_path):
+    kit.check_kill_9_then_resume("docker", tmp_path)
