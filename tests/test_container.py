@@ -327,6 +327,36 @@ def test_a_crashed_runs_container_is_cleaned_by_the_next_run(kernel_build, guest
     assert leftovers(container_id, cgroups, netns) == [] and not Path(scratch).exists()
 
 
+class ProvisioningMeanwhile(runc.LocalRuncHost):
+    """This machine, where a study beside the cleanup provisions a container while it lists what is
+    there: right after the cleanup's first listing, whichever it is."""
+
+    def __init__(self, provision) -> None:
+        self.provision = provision
+
+    def names(self, directory: str, prefix: str) -> list[str]:
+        found = super().names(directory, prefix)
+        if self.provision is not None:
+            self.provision, provision = None, self.provision
+            provision()
+        return found
+
+
+@needs_runc
+def test_a_container_made_while_the_cleanup_lists_is_not_taken_for_a_leftover(
+    kernel_build, guest_image, tmp_path
+):
+    env = ContainerEnvironment("meanwhile", ContainerOptions(memory_mb=64), tmp_path)
+    try:
+        runc.cleanup_leftovers(ProvisioningMeanwhile(lambda: env.provision(kernel_build)))
+        assert env.container_id  # it was made between the cleanup's two listings
+        assert env.run(
+            ["true"], 30
+        ).ok  # and it still runs: its state without a listed bundle was not an orphan
+    finally:
+        env.teardown()
+
+
 PLAN = """
 [study]
 name = "container-vs-native"

@@ -220,12 +220,15 @@ def test_hardware_the_guest_kernel_cannot_drive_is_refused(guest_image, kernel_b
             VmEnvironment("nodriver", options, tmp_path).provision(kernel_build)
 
 
-def qemu_processes() -> set[int]:
+def qemu_processes(workdir: Path | None = None) -> set[int]:
+    """The QEMU processes of this machine; with ``workdir``, only those whose command line names it
+    (a VM of this test: other tests' QEMUs come and go meanwhile)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and os.readlink(entry / "exe").endswith(("qemu-system-x86_64",)):
-                found.add(int(entry.name))
+                if workdir is None or str(workdir).encode() in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
         except OSError:
             pass
     return found
@@ -396,14 +399,14 @@ def test_microvm_with_virtio_scsi_boots(guest_image, kernel_build, tmp_path):
 @needs_root
 @pytest.mark.slow
 def test_boot_timeout_fails_with_the_console_attached(guest_image, kernel_build, tmp_path):
-    before = qemu_processes()
+    assert not qemu_processes(tmp_path)
     env = VmEnvironment("slow", VmOptions(accel="tcg", boot_timeout_s=1), tmp_path)
     with pytest.raises(EnvironmentError_, match="boot_timeout_s=1") as caught:
         env.provision(kernel_build)
     assert f"serial console ({tmp_path / CONSOLE_LOG}" in caught.value.log
     assert "qemu-system-x86_64" in caught.value.log  # the command line, to reproduce by hand
     assert (tmp_path / CONSOLE_LOG).exists()
-    assert not (qemu_processes() - before)
+    assert not qemu_processes(tmp_path)
     assert not (tmp_path / "disk.raw").exists()
 
 

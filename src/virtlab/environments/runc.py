@@ -399,6 +399,11 @@ def owner_gone(record: dict[str, Any], local: bool) -> bool:
 def cleanup_leftovers(host: RuncHost = LOCAL) -> list[str]:
     """Remove the containers on ``host`` whose owner (on this machine) is gone; returns their ids."""
     owners: dict[str, dict[str, Any]] = {}
+    # runc's states before the bundles: a container's bundle is made before runc creates its state,
+    # so every state listed has its bundle listed after it. The other way round, a container made
+    # between the two listings (by a study beside this one) had a state and no bundle, and was
+    # removed as an orphan while its study ran (seen: two of a study's containers, under load).
+    states = host.names(str(RUNC_ROOT), ID_PREFIX)
     bundles = host.names(str(BUNDLES), ID_PREFIX)
     records = host.read_texts([f"{BUNDLES}/{name}/owner.json" for name in bundles])
     for name, text in zip(bundles, records, strict=True):
@@ -409,7 +414,7 @@ def cleanup_leftovers(host: RuncHost = LOCAL) -> list[str]:
         except ValueError:
             owners[name] = {}  # half-written by a crash: its owner is gone
     removed = []
-    for container_id in sorted(set(host.names(str(RUNC_ROOT), ID_PREFIX)) | set(owners)):
+    for container_id in sorted(set(states) | set(owners)):
         record = owners.get(container_id)
         if record is None and container_id not in bundles:
             record = {}  # runc state without a bundle: nobody can run commands in it
