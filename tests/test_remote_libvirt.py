@@ -196,6 +196,8 @@ class DomainWatch:
                     continue
                 try:
                     pid = int(pid_file.read_text())
+                    if not os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("qemu-system"):
+                        continue  # libvirt's child writes the pid file before it executes QEMU: the next look
                     run_root = next(
                         line.split()[3]
                         for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
