@@ -32,6 +32,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 MiB = 2**20
 MEMORY_MB = 192
 PIDS = 64
+# unlike test_lab_three_hosts' "boxed", so that its containers, on the same shared /run, never match
+ENVIRONMENT = "remote-boxed"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def plan_text(lab, name: str = "rc", network: str = "host") -> str:
     return (
         f'inventory = "{lab.inventory}"\n\n'
         f'[study]\nname = "{name}"\ntrials = 2\nwarmups = 0\n\n'
-        f'[[environment]]\nname = "boxed"\nkind = "container"\nhost = "fleet-1"\nbuild = "copy"\n'
+        f'[[environment]]\nname = "{ENVIRONMENT}"\nkind = "container"\nhost = "fleet-1"\nbuild = "copy"\n'
         f'cpus = 1\nmemory_mb = {MEMORY_MB}\npids_limit = {PIDS}\nnetwork = "{network}"\n\n'
         '[[workload]]\nname = "primes"\nkind = "primes"\nn = 100000\n\n'
         '[[workload]]\nname = "dd"\nkind = "dd"\nsize_mb = 16\nmode = "write-read"\n'
@@ -141,6 +143,9 @@ def test_the_container_runs_on_the_fleet_host_with_the_plan_s_limits(first, lab)
             ]
             time.sleep(0.01)
         sleeper = int(written[0].read_text())
+        # runc writes the PID of its `runc init`, which execs the command a moment later
+        while cmdline(sleeper) == "runc init" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert cmdline(sleeper) == "sleep 60" and sleeper in in_namespace_of(init, "pid")
         assert host.sshd_pid in ancestors(sleeper)
     finally:
@@ -170,9 +175,12 @@ def test_a_failed_start_leaves_nothing_there(first, lab, kernel_build, tmp_path,
     with pytest.raises(EnvironmentError_, match="runc could not start container") as caught:
         env.provision(kernel_build)
     assert "/no/such/init" in caught.value.log  # runc's own log, read from the host
-    assert not list(Path(runc.BUNDLES).glob("virtlab-boxed-*"))
-    assert not list(Path(runc.RUNC_ROOT).glob("virtlab-boxed-*"))
-    assert not list(Path(lab.host("fleet-1").workdir).glob("virtlab-*"))
+    # nothing but the module's first container (torn down by the first test unless that failed)
+    assert {p.name for p in Path(runc.BUNDLES).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
+    assert {p.name for p in Path(runc.RUNC_ROOT).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
+    assert {p.name for p in Path(lab.host("fleet-1").workdir).glob("virtlab-*")} <= {
+        Path(first.remote_dir).name
+    }
 
 
 KILLED_RUN = textwrap.dedent(
@@ -228,7 +236,7 @@ def test_a_study_runs_primes_and_dd_in_it_reusing_the_tree_and_removing_a_killed
     outcome = run_study(parse_plan(plan_text(lab, network="none"), "rc.toml"), out)
     assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
     results = json.loads((out / "results.json").read_text())
-    cells = {(c["workload"], c["metric"]): c for c in results["cells"] if c["environment"] == "boxed"}
+    cells = {(c["workload"], c["metric"]): c for c in results["cells"] if c["environment"] == ENVIRONMENT}
     for key in (("primes", "real_s"), ("dd", "write_mbs"), ("dd", "read_mbs")):
         assert len(cells[key]["trials"]) == 2 and all(v > 0 for v in cells[key]["trials"]), key
     [environment] = results["environments"]
@@ -254,6 +262,9 @@ def test_a_study_runs_primes_and_dd_in_it_reusing_the_tree_and_removing_a_killed
     # the killed run's container went when the study provisioned its own; nothing of either is left
     assert leftovers(killed_id, killed_cgroups, killed_workdir) == []
     # (the module's first container, of the same plan name, lives on until the module ends)
-    assert {p.name for p in Path(runc.BUNDLES).glob("virtlab-boxed-*")} <= {first.container_id}
-    assert {p.name for p in Path(runc.RUNC_ROOT).glob("virtlab-boxed-*")} <= {first.container_id}
-    assert not list(Path(lab.host("fleet-1").workdir).glob("virtlab-*"))  # remote workdirs
+    assert {p.name for p in Path(runc.BUNDLES).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
+    assert {p.name for p in Path(runc.RUNC_ROOT).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
+    # remote workdirs: none but the first container's, whose test removes it unless that test failed
+    assert {p.name for p in Path(lab.host("fleet-1").workdir).glob("virtlab-*")} <= {
+        Path(first.remote_dir).name
+    }
