@@ -96,6 +96,24 @@ def test_exit_status_and_stderr_come_back(env):
     assert env.run(["pwd"], 10).stdout.strip() == env.remote_dir
 
 
+def test_the_test_host_s_sessions_leave_this_machine_s_bashrc_out(env, tmp_path):
+    """A test host stands for another machine: bash started by its sshd is not a top-level shell
+    (sshd sets SHLVL=1), and bash sources ~/.bashrc for sshd only as a top-level shell."""
+    # sshd handed the session's bash SHLVL=1: bash raised it to 2 and lowered it again as it exec'd
+    # printenv in its place (from nothing it would print 0)
+    assert env.run(["printenv", "SHLVL"], 10).stdout == "1\n"
+    # bash's rule, on a home of this test's: run by sshd (SSH_CLIENT set), at level 1 it reads the
+    # home's .bashrc; handed SHLVL=1, as on a test host, it does not
+    (tmp_path / ".bashrc").write_text("echo sourced\n")
+    base = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "SSH_CLIENT": "198.18.0.2 40000 22"}
+    top = subprocess.run(["bash", "-c", "echo command"], env=base, capture_output=True, text=True)
+    assert top.stdout == "sourced\ncommand\n"
+    nested = subprocess.run(
+        ["bash", "-c", "echo command"], env={**base, "SHLVL": "1"}, capture_output=True, text=True
+    )
+    assert nested.stdout == "command\n"
+
+
 def test_a_timeout_kills_the_remote_command_and_its_children(env, host):
     started = time.monotonic()
     result = env.run(["sh", "-c", "sleep 37.25 & sleep 37.5; wait"], 1)

@@ -311,6 +311,11 @@ def sshd_config(
             # VERBOSE logs each session a connection opens ("Starting session: command ... port P"),
             # so that what a study opens on a test host can be counted from outside.
             "LogLevel VERBOSE",
+            # A test host stands for another machine, whose user's shell start-up is not this one's:
+            # bash run by sshd sources ~/.bashrc only as a top-level shell (SHLVL unset or 0), so
+            # SHLVL=1 keeps this machine's (a pyenv init here: ~100 ms per command, and a minute's
+            # wait on its rehash lock when a killed session left it) out of every remote command.
+            "SetEnv SHLVL=1",
             *extra,
             "",
         ]
