@@ -281,7 +281,10 @@ def envs(guest_image, kernel_build, tmp_path_factory):
 
 
 def trial(envs, workload: PeerWorkload, cell: str, baseline: str = "native") -> dict[str, Sample]:
-    samples = measure_peers(envs, workload.links(cell, baseline), workload)
+    try:
+        samples = measure_peers(envs, workload.links(cell, baseline), workload)
+    except TrialFailure as failure:  # with what the client and the servers said, as a study stores it
+        pytest.fail(f"{failure}\n{failure.log}")
     print(cell, workload.kind, workload.describe_setting(), {s.metric: round(s.value) for s in samples})
     return by_metric(samples)
 
