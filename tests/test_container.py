@@ -350,9 +350,8 @@ def test_a_container_made_while_the_cleanup_lists_is_not_taken_for_a_leftover(
     try:
         runc.cleanup_leftovers(ProvisioningMeanwhile(lambda: env.provision(kernel_build)))
         assert env.container_id  # it was made between the cleanup's two listings
-        assert env.run(
-            ["true"], 30
-        ).ok  # and it still runs: its state without a listed bundle was not an orphan
+        # and it still runs: its state without a listed bundle was not an orphan
+        assert env.run(["true"], 30).ok
     finally:
         env.teardown()
 

@@ -113,6 +113,16 @@ def leftovers(container_id: str, cgroup_paths: dict[str, str], *paths: str) -> l
     return found
 
 
+def assert_only_the_first_container_there(first, lab) -> None:
+    """No container of this module's plan on the fleet host but the module's first one, which its
+    test tears down unless that test failed (its bundle, runc state and remote workdir)."""
+    mine = f"{runc.ID_PREFIX}{ENVIRONMENT}-*"
+    assert {p.name for p in Path(runc.BUNDLES).glob(mine)} <= {first.container_id}
+    assert {p.name for p in Path(runc.RUNC_ROOT).glob(mine)} <= {first.container_id}
+    workdirs = Path(lab.host("fleet-1").workdir).glob("virtlab-*")  # ssh's <workdir>/virtlab-<random>
+    assert {p.name for p in workdirs} <= {Path(first.remote_dir).name}
+
+
 def test_the_container_runs_on_the_fleet_host_with_the_plan_s_limits(first, lab):
     host = lab.host("fleet-1")
     manifest = first.manifest()
@@ -175,12 +185,7 @@ def test_a_failed_start_leaves_nothing_there(first, lab, kernel_build, tmp_path,
     with pytest.raises(EnvironmentError_, match="runc could not start container") as caught:
         env.provision(kernel_build)
     assert "/no/such/init" in caught.value.log  # runc's own log, read from the host
-    # nothing but the module's first container (torn down by the first test unless that failed)
-    assert {p.name for p in Path(runc.BUNDLES).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
-    assert {p.name for p in Path(runc.RUNC_ROOT).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
-    assert {p.name for p in Path(lab.host("fleet-1").workdir).glob("virtlab-*")} <= {
-        Path(first.remote_dir).name
-    }
+    assert_only_the_first_container_there(first, lab)
 
 
 KILLED_RUN = textwrap.dedent(
@@ -261,10 +266,4 @@ def test_a_study_runs_primes_and_dd_in_it_reusing_the_tree_and_removing_a_killed
         shutil.rmtree(partial, ignore_errors=True)
     # the killed run's container went when the study provisioned its own; nothing of either is left
     assert leftovers(killed_id, killed_cgroups, killed_workdir) == []
-    # (the module's first container, of the same plan name, lives on until the module ends)
-    assert {p.name for p in Path(runc.BUNDLES).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
-    assert {p.name for p in Path(runc.RUNC_ROOT).glob(f"virtlab-{ENVIRONMENT}-*")} <= {first.container_id}
-    # remote workdirs: none but the first container's, whose test removes it unless that test failed
-    assert {p.name for p in Path(lab.host("fleet-1").workdir).glob("virtlab-*")} <= {
-        Path(first.remote_dir).name
-    }
+    assert_only_the_first_container_there(first, lab)
