@@ -349,7 +349,7 @@ def parse_plan(
     )
     environments = place_bridged_guests(environments, hosts, source)
     workloads = tuple(
-        _workload(table, source, i, study.peer_settings)
+        _workload(table, source, i, study.peer_settings, directory or Path("."))
         for i, table in enumerate(_tables(document, "workload", source))
     )
     _check_peer_settings(study, workloads, source)
@@ -802,10 +802,14 @@ def _with_options(spec: EnvironmentSpec, **changes: Any) -> EnvironmentSpec:
     return replace(spec, options=type(spec.options).model_validate(values))
 
 
-def _workload(table: dict[str, Any], source: str, index: int, peers: PeerSettings) -> WorkloadSpec:
+def _workload(
+    table: dict[str, Any], source: str, index: int, peers: PeerSettings, directory: Path
+) -> WorkloadSpec:
+    """``directory``: what a parameter naming a file (a command's ``files``) is relative to."""
     name, kind, cls, where = _plugin_table(table, source, f"workload[{index}]", WORKLOADS)
-    params = _validated(cls.Params, _without(table, "name", "kind"), source, where)
-    return WorkloadSpec(name, kind, cls(params, peers) if issubclass(cls, PeerWorkload) else cls(params))
+    context = {"directory": directory, "name": name}
+    params = _validated(cls.Params, _without(table, "name", "kind"), source, where, context)
+    return WorkloadSpec(name, kind, cls.create(params, peers))
 
 
 def _check_peer_settings(study: StudySpec, workloads: tuple[WorkloadSpec, ...], source: str) -> None:

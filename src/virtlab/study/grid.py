@@ -34,11 +34,12 @@ from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
 from virtlab.study.lanes import run_by_host
-from virtlab.study.measure import error_log, measure_inside
+from virtlab.study.measure import error_log, measure_inside, stage
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.study.peers import measure_peers
 from virtlab.study.preflight import no_room, preflight
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
+from virtlab.workloads import Workload
 from virtlab.workloads._peer import PeerWorkload
 
 THIS_MACHINE = LOCAL_NAME
@@ -70,6 +71,8 @@ class GridStudy(Study):
         self.host_of: dict[str, str] = {env.name: env.host or THIS_MACHINE for env in plan.environments}
         self.max_parallel_hosts = plan.study.max_parallel_hosts
         self._usage_lock = threading.Lock()
+        self._staged: set[Cell] = set()
+        """The cells whose workload's files and prepare commands are in place in their environment."""
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
             (env.name, w.name)
@@ -478,6 +481,7 @@ class GridStudy(Study):
                     if isinstance(workload, PeerWorkload):
                         samples = self._measure_peers(task.environment, workload)
                     else:
+                        self._stage(task.cell, environment, workload)
                         samples = measure_inside(environment, workload)
                 samples = [*samples, *power.samples]
                 context.update(power.context)
@@ -498,6 +502,14 @@ class GridStudy(Study):
             context["steal_s"] = round(steal_after - steal_before, 3)
         samples = [replace(sample, metadata={**sample.metadata, **context}) for sample in samples]
         return TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
+
+    def _stage(self, cell: Cell, environment: Environment, workload: Workload) -> None:
+        """The workload's files and prepare commands, once per cell before its first trial (a resumed
+        study places them again: the environment is new). A cell runs one trial at a time, so the
+        set needs no lock."""
+        if cell not in self._staged:
+            stage(environment, workload)
+            self._staged.add(cell)
 
     def _store(self, task: Task, result: TrialRecord | TrialFailure | None) -> None:
         """What a trial gave, stored the moment it ends (in the study's own thread)."""

@@ -1,13 +1,27 @@
 """One workload measured inside one environment: its command run, its output parsed, every way it
-can fail turned into a ``TrialFailure`` with the log to keep."""
+can fail turned into a ``TrialFailure`` with the log to keep. Also what a workload asks for in an
+environment before its first trial (``stage``: files placed, prepare commands run) and before each
+trial (``before_trial``), both untimed."""
 
 from __future__ import annotations
+
+import io
+import secrets
+import tarfile
+import tempfile
+from pathlib import Path
 
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments.abilities import SerialConsole
 from virtlab.samples import ParseError, Sample
 from virtlab.study.outcome import TrialFailure
 from virtlab.workloads import Workload
+
+STEP_TIMEOUT_S = 600.0
+"""A workload's untimed steps (unpacking its files, a prepare command that builds something in a
+slow TCG guest): bounded, so that a hung one fails its cell instead of the study."""
+PREPARE = "prepare"
+"""The phase of a failure while a cell's files are placed or its prepare commands run."""
 
 
 def trial_command(environment: Environment, workload: Workload) -> list[str]:
@@ -17,6 +31,7 @@ def trial_command(environment: Environment, workload: Workload) -> list[str]:
 
 
 def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:
+    before_trial(environment, workload)
     argv = trial_command(environment, workload)
     try:
         result = environment.run(argv, workload.timeout_s)
@@ -30,6 +45,74 @@ def measure_inside(environment: Environment, workload: Workload) -> list[Sample]
         return workload.parse(result.stdout)
     except ParseError as error:
         raise TrialFailure(f"output not understood: {error}", result.log()) from None
+
+
+def stage(environment: Environment, workload: Workload) -> None:
+    """The workload's files placed in the environment's working directory (one tar copied in and
+    unpacked there, modes kept, owned by whoever runs the commands) and its prepare commands run;
+    a failure is a ``TrialFailure`` of phase ``prepare`` with the log."""
+    files = workload.staged_files()
+    if files:
+        name = f".virtlab-files-{secrets.token_hex(4)}.tar"
+        with tempfile.TemporaryDirectory(prefix="virtlab-stage-") as staging:
+            archive = Path(staging) / name
+            archive.write_bytes(tar_of(files))
+            try:
+                environment.copy_in(archive, name)
+            except (EnvironmentError_, OSError) as error:
+                raise TrialFailure(f"copying the files in: {error}", error_log(error), PREPARE) from None
+        unpack = [
+            "sh",
+            "-c",
+            'tar -xf "$1" --no-same-owner; status=$?; rm -f -- "$1"; exit $status',
+            "sh",
+            name,
+        ]
+        _step(environment, unpack, "unpacking the files")
+    for argv in workload.prepare_commands(environment.bin_dir):
+        _step(environment, argv, "prepare")
+
+
+def before_trial(environment: Environment, workload: Workload) -> None:
+    """The workload's commands before each trial (drop a cache), untimed; one failing fails the trial."""
+    for argv in workload.before_trial_commands(environment.bin_dir):
+        try:
+            result = environment.run(argv, STEP_TIMEOUT_S)
+        except (EnvironmentError_, OSError) as error:
+            raise TrialFailure(f"before the trial: environment error: {error}", error_log(error)) from None
+        if not result.ok:
+            raise TrialFailure(f"before the trial: {argv[0]}: {result.status()}", result.log())
+
+
+def _step(environment: Environment, argv: list[str], what: str) -> None:
+    try:
+        result = environment.run(argv, STEP_TIMEOUT_S)
+    except (EnvironmentError_, OSError) as error:
+        raise TrialFailure(f"{what}: environment error: {error}", error_log(error), PREPARE) from None
+    if not result.ok:
+        raise TrialFailure(f"{what}: {argv[0]}: {result.status()}", result.log(), PREPARE)
+
+
+def tar_of(files: dict[str, Path | bytes]) -> bytes:
+    """An uncompressed tar of ``files`` (name -> a local file or directory, taken whole, or bytes),
+    each under its name; modes kept, owners and times of the local files dropped (the environment's
+    user owns what it unpacks)."""
+
+    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, source in files.items():
+            if isinstance(source, bytes):
+                info = anonymous(tarfile.TarInfo(name))
+                info.size, info.mode = len(source), 0o644
+                archive.addfile(info, io.BytesIO(source))
+            else:
+                archive.add(str(source), arcname=name, filter=anonymous)
+    return buffer.getvalue()
 
 
 def error_log(error: BaseException) -> str:

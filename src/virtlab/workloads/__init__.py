@@ -7,6 +7,7 @@ __all__ = ["WORKLOADS", "Workload", "WorkloadParams", "register_workload"]
 # The built-in workloads register themselves on import.
 from virtlab.workloads import (  # noqa: E402, F401
     blast,
+    command,
     cubic_calc,
     database,
     dd,

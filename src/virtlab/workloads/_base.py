@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -93,6 +94,12 @@ class Workload(ABC):
     def from_mapping(cls, values: dict[str, Any]) -> Workload:
         return cls(cls.Params.model_validate(values))
 
+    @classmethod
+    def create(cls, params: WorkloadParams, peer_settings: Any = None) -> Workload:
+        """The workload a plan's validated table makes (``peer_settings``: the study's for the
+        servers of network workloads, which only those take)."""
+        return cls(params)
+
     def rebuilt(self, params: WorkloadParams) -> Workload:
         """The same workload with other parameters (what the study set besides them kept)."""
         return type(self)(params)
@@ -110,6 +117,21 @@ class Workload(ABC):
     @abstractmethod
     def parse(self, output: str) -> list[Sample]:
         """Typed samples from the command's standard output; raises ParseError when they are not there."""
+
+    def staged_files(self) -> dict[str, Path | bytes]:
+        """What is placed in each environment's working directory once, before the cell's first
+        trial: name there (relative, a plain name) -> a local file or directory (copied whole, modes
+        kept) or the bytes of a file. Nothing by default."""
+        return {}
+
+    def prepare_commands(self, bin_dir: str) -> list[list[str]]:
+        """Argument lists run once per environment after the files are placed, before the cell's
+        first trial, untimed; one that fails fails the cell with its log."""
+        return []
+
+    def before_trial_commands(self, bin_dir: str) -> list[list[str]]:
+        """Argument lists run before every trial (warm-ups too), untimed; one that fails fails the trial."""
+        return []
 
     @property
     def timeout_s(self) -> float:

@@ -185,6 +185,10 @@ class PeerWorkload(Workload):
         super().__init__(params)
         self.settings = settings or PeerSettings()
 
+    @classmethod
+    def create(cls, params: WorkloadParams, peer_settings: Any = None) -> PeerWorkload:
+        return cls(params, peer_settings)
+
     def rebuilt(self, params: WorkloadParams) -> PeerWorkload:
         return type(self)(params, self.settings)
 

@@ -1,0 +1,6 @@
+"""The user's own workload: ``kind = "command"`` (``workload``), its metrics (``metrics``) and what a
+plan says of it (``params``)."""
+
+from virtlab.workloads.command.workload import Command
+
+__all__ = ["Command"]
