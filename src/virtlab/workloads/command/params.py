@@ -215,10 +215,11 @@ class CommandParams(WorkloadParams):
                 )
         return tuple(resolved)
 
-    @model_validator(mode="after")
-    def _distinct_metrics(self) -> CommandParams:
-        names = [metric.name for metric in self.metric]
+    @field_validator("metric")
+    @classmethod
+    def _distinct_metrics(cls, value: tuple[MetricSpec, ...]) -> tuple[MetricSpec, ...]:
+        names = [metric.name for metric in value]
         for index, name in enumerate(names):
             if name in names[:index]:
                 raise ValueError(f"two metrics are named {name!r}")
-        return self
+        return value

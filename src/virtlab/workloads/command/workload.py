@@ -83,7 +83,8 @@ class Command(Workload):
 
     def describe_params(self) -> dict[str, Any]:
         """The plan's parameters, and the sha256 of each file copied in (every file of a directory)."""
-        return {**super().describe_params(), "file_sha256": files_sha256(self.params.files)}
+        params = self.params.model_dump(mode="json", by_alias=True)  # a metric's path as the plan's "json"
+        return {**params, "file_sha256": files_sha256(self.params.files)}
 
 
 def files_sha256(paths: tuple[Path, ...]) -> dict[str, str]:
