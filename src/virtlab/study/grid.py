@@ -34,7 +34,7 @@ from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
 from virtlab.study.lanes import run_by_host
-from virtlab.study.measure import error_log, measure_inside, stage
+from virtlab.study.measure import before_trial, error_log, measure_inside, stage
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.study.peers import measure_peers
 from virtlab.study.preflight import no_room, preflight
@@ -479,7 +479,7 @@ class GridStudy(Study):
             try:
                 with self._power_plan(task.environment) as power:
                     if isinstance(workload, PeerWorkload):
-                        samples = self._measure_peers(task.environment, workload)
+                        samples = self._measure_peers(task.environment, task.workload, workload)
                     else:
                         self._stage(task.cell, environment, workload)
                         samples = measure_inside(environment, workload)
@@ -504,9 +504,9 @@ class GridStudy(Study):
         return TrialRecord(task.environment, task.workload, task.trial, started, elapsed, tuple(samples))
 
     def _stage(self, cell: Cell, environment: Environment, workload: Workload) -> None:
-        """The workload's files and prepare commands, once per cell before its first trial (a resumed
-        study places them again: the environment is new). A cell runs one trial at a time, so the
-        set needs no lock."""
+        """The workload's files and prepare commands in one environment (``cell``: it and the
+        workload), once before its first trial there (a resumed study places them again: the
+        environment is new). Trials on one host run one at a time, so the set needs no lock."""
         if cell not in self._staged:
             stage(environment, workload)
             self._staged.add(cell)
@@ -553,11 +553,17 @@ class GridStudy(Study):
             trial.context["energy"] = reading.missing
 
     # -- network workloads -------------------------------------------------------------
-    def _measure_peers(self, cell: str, workload: PeerWorkload) -> list[Sample]:
+    def _measure_peers(self, cell: str, workload_name: str, workload: PeerWorkload) -> list[Sample]:
         links = workload.links(cell, self.plan.baseline_of(cell))
-        for name in sorted({name for link in links for name in (link.client, link.server)}):
+        names = sorted({name for link in links for name in (link.client, link.server)})
+        for name in names:
             if name not in self.environments:
                 raise TrialFailure(f"peer environment {name!r} is not running (its provisioning failed)", "")
+        # A workload's own files and prepare commands on every side, once each; its commands before
+        # each trial in the environment measured.
+        for name in names:
+            self._stage((name, workload_name), self.environments[name], workload)
+        before_trial(self.environments[cell], workload)
         return measure_peers(self.environments, links, workload)
 
 

@@ -75,6 +75,9 @@ def _measure_links(
             server = environments[link.server]
             for argv in workload.server_commands(server.bin_dir, link.slot, bind=addresses[link]):
                 servers.append((link, server.start(argv)))
+        for link in links:
+            for name, role in ((link.server, "server"), (link.client, "client")):
+                _run_step(environments[name], name, role, workload.ready_commands(role, link.slot))
 
         def client(link: Link) -> CommandResult:
             own = [command for where, command in servers if where == link]

@@ -240,6 +240,11 @@ class PeerWorkload(Workload):
         """Commands run on the ``role`` side after its files are placed, before any server starts."""
         return []
 
+    def ready_commands(self, role: Role, slot: int = 0) -> list[list[str]]:
+        """Commands run on the ``role`` side once the servers have started, before the clients: they
+        end when the server is ready (a service that says so in its output)."""
+        return []
+
     def cleanup_commands(self, role: Role, slot: int = 0) -> list[list[str]]:
         """Commands run on the ``role`` side after the servers stopped, whatever happened."""
         return []

@@ -118,11 +118,52 @@ class CommandParams(WorkloadParams):
     metric: tuple[MetricSpec, ...] = Field(
         default=(), description="[[workload.metric]] tables: figures read from the command's output"
     )
+    server: tuple[str, ...] = Field(
+        default=(),
+        description="a service started in the environment measured before each trial and stopped after "
+        "it; argv then runs from peer against it ({address} and {port} replaced in both)",
+    )
+    ready_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="the server's port ({port}; the runner leases it, and the next ones for clients at "
+        "once): the client starts once it accepts a connection",
+    )
+    ready_line: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the server is ready once a line of its output holds this text",
+    )
+    ready_timeout_s: int = Field(
+        default=60, ge=1, le=3600, description="how long the client waits for the server to be ready"
+    )
+    peer: str | None = Field(
+        default=None, description="where argv runs against the server; default the study's baseline (native)"
+    )
 
-    @field_validator("argv", mode="before")
+    @field_validator("argv", "server", mode="before")
     @classmethod
-    def _argv_list(cls, value: Any) -> Any:
-        return argument_list(value, "argv")
+    def _argv_list(cls, value: Any, info: ValidationInfo) -> Any:
+        return argument_list(value, info.field_name or "")
+
+    @field_validator("server")
+    @classmethod
+    def _server_words(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value and not value[0]:
+            raise ValueError("server's first word, the program, is empty")
+        return no_nul(value, "server")
+
+    @model_validator(mode="after")
+    def _served(self) -> CommandParams:
+        serving = ("ready_port", "ready_line", "peer")
+        if not self.server:
+            given = [key for key in serving if getattr(self, key) is not None]
+            if given:
+                raise ValueError(f"{given[0]} belongs to a server: add server = [...] or remove it")
+        elif self.ready_port is None and self.ready_line is None:
+            raise ValueError("a server needs ready_port or ready_line: how the client knows it is up")
+        return self
 
     @field_validator("argv")
     @classmethod

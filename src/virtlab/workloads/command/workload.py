@@ -47,6 +47,14 @@ class Command(Workload):
         # The plan's tools, where a built-in workload names its own class-wide.
         self.tools = self.params.tools  # type: ignore[misc]
 
+    @classmethod
+    def create(cls, params: WorkloadParams, peer_settings: Any = None) -> Workload:
+        """A command with a server is a peer workload the cell serves (``served``)."""
+        from virtlab.workloads.command.served import ServedCommand
+
+        assert isinstance(params, CommandParams)
+        return ServedCommand(params, peer_settings) if params.server else cls(params)
+
     def timed(self, bin_dir: str, argv: tuple[str, ...] | list[str], *options: str) -> list[str]:
         """``argv`` run by the timed kernel, in the command's directory, with its variables."""
         variables = [word for name, value in self.params.env.items() for word in ("-e", f"{name}={value}")]
