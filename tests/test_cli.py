@@ -55,7 +55,7 @@ BAD_INPUT = [
     (["run", "{plan}"], "workload[0] (p).digitz: unknown key"),
     (["report", "{tmp}"], "no results.sqlite here"),
     (["compare", "{tmp}", "{tmp}"], "no results.json"),
-    (["run", "--trials", "3"], "No such option"),
+    (["run", "--trials", "3"], "--trials: goes with --command"),
     (["image", "build", "--bogus"], "No such option"),
 ]
 

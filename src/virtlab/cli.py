@@ -47,18 +47,56 @@ def run(
     check: Annotated[
         bool, typer.Option("--check", help="validate the plan and every preset it names, run nothing")
     ] = False,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            "--command",
+            help="a study of this one command instead of a plan: split by the shell's quoting rules, "
+            "never run by a shell; its plan is kept as DIR/plan.toml",
+        ),
+    ] = None,
+    in_: Annotated[
+        str | None,
+        typer.Option("--in", help="with --command: a comma list of native, container, vm (default: all)"),
+    ] = None,
+    file: Annotated[
+        list[Path] | None,
+        typer.Option("--file", help="with --command: a file or directory copied in beside it (repeatable)"),
+    ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            help="with --command: a figure of its output, NAME[:UNIT[:higher|lower]]=REGEX (repeatable)",
+        ),
+    ] = None,
+    trials: Annotated[
+        int | None, typer.Option("--trials", min=1, help="with --command: counted trials (default 5)")
+    ] = None,
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
+    from virtlab.oneliner import CommandOptions, command_plan, keep_plan, kept_plan
     from virtlab.plan import load_plan
     from virtlab.progress import LogProgress, RichProgress, SilentProgress
     from virtlab.study import default_out_dir, latest_out_dir, run_study
 
-    if check:
-        _check_plan(plan, preset)
-        return
-    study_plan = load_plan(plan, preset)
+    options = CommandOptions(command, in_, tuple(file or ()), tuple(metric or ()), trials)
+    if command is None:
+        options.refuse_companions()
+        plan = plan or (kept_plan(out) if resume else None)  # a study --command began: its kept plan
+        if check:
+            _check_plan(plan, preset)
+            return
+        study_plan = load_plan(plan, preset)
+    else:
+        study_plan = command_plan(options, plan, preset, Path.cwd())
+        if check:
+            typer.echo(study_plan.text, nl=False)
+            return
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
+    if command is not None:
+        study_plan = keep_plan(study_plan, out, resume)
     # A log (CI, `| tee`) gets plain lines; a live bar there would show nothing until the end.
     progress = SilentProgress() if quiet else RichProgress() if sys.stdout.isatty() else LogProgress()
     outcome = run_study(study_plan, out, resume, progress)
