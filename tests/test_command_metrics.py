@@ -3,6 +3,8 @@ kernel's line, and every way a figure can be missing, on fixed outputs with know
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from virtlab.samples import ParseError
@@ -81,11 +83,24 @@ def test_tail_of_an_empty_output_says_so():
 
 
 @pytest.mark.parametrize(
+    ("output", "lines", "said"),
+    [("a\nb\nc\n", 2, "b | c"), ("x\ny \n", 1, "y "), ("\na\n", 5, " | a"), ("aX\n", 1, "aX")],
+)
+def test_tail_keeps_the_last_lines_as_they_are(output, lines, said):
+    assert tail(output, lines) == "; the output's last lines: " + said
+
+
+@pytest.mark.parametrize(
     ("pattern", "problem"),
     [("(", "does not compile"), ("abc", "no group"), (r"(\d+) (\d+)", "has 2 groups: name")],
 )
 def test_regexes_that_cannot_be_metrics(pattern, problem):
     assert problem in regex_problem(pattern)
+
+
+def test_a_regex_without_a_group_is_told_how_to_make_one():
+    assert regex_problem("abc") == "the regex has no group: put the number in ( ) or (?P<value> )"
+    assert regex_problem("(a)(b)") == "the regex has 2 groups: name the number's (?P<value> )"
 
 
 @pytest.mark.parametrize("pattern", [r"(\d+)", r"(?P<value>\d+)", r"(a)(?P<value>\d+)", r"(?:x)(\d)"])
@@ -126,6 +141,16 @@ def test_a_json_path_not_there_says_where_it_stopped(path, problem):
     assert problem in str(error.value)
 
 
+def test_a_long_value_is_quoted_cut_and_infinities_are_refused():
+    item = {"k": "x" * 100}
+    with pytest.raises(ParseError) as error:
+        json_values("a", {"a": item})
+    assert str(error.value) == f"'a' in the JSON is {json.dumps(item)[:80]}, not a number"
+    with pytest.raises(ParseError) as error:
+        json_values("a", read_json('{"a": [1, Infinity]}'))
+    assert str(error.value) == "'a' in the JSON is not a finite number"
+
+
 def test_booleans_and_nulls_are_no_numbers():
     for document in ({"a": True}, {"a": None}, {"a": [1, False]}):
         with pytest.raises(ParseError, match="not a number"):
@@ -134,6 +159,7 @@ def test_booleans_and_nulls_are_no_numbers():
 
 def test_json_after_a_heading_is_found_and_text_without_json_is_refused():
     assert read_json('starting...\n{"a": 1}\ntrailer') == {"a": 1}
+    assert read_json('{ broken\n{"a": 2}\n') == {"a": 2}
     assert read_json("[1, 2]") == [1, 2]
     assert read_json('x {"not": "at a line start"}\n[3]') == [3]
     with pytest.raises(ParseError, match="not JSON"):
@@ -152,8 +178,11 @@ def test_a_dotted_path_is_one():
 
 
 def test_neither_source_is_refused():
-    with pytest.raises(ParseError, match="neither regex nor json"):
+    with pytest.raises(ParseError) as error:
         extract("x", "1", None, None, "last")
+    assert (
+        str(error.value) == "metric 'x' (json None): neither regex nor json given; the output's last lines: 1"
+    )
 
 
 TIMED = (
@@ -181,7 +210,7 @@ def test_an_output_without_a_newline_at_its_end_keeps_its_last_line():
 
 @pytest.mark.parametrize(
     ("text", "problem"),
-    [("no line\n", "no virtlab-timed line"),
+    [("no line\n", "^command: no virtlab-timed line after the command's output \\(was it killed\\?\\)$"),
      ("\nvirtlab-timed: exit=0 elapsed_s=1 user_s=0 sys_s=0\n", "incomplete"),
      ("\nvirtlab-timed: exit=0 elapsed_s=x user_s=0 sys_s=0 maxrss_kb=1\n", "incomplete"),
      ("\nvirtlab-timed: exit=0 elapsed_s=-1 user_s=0 sys_s=0 maxrss_kb=1\n", "holds no times"),

@@ -67,7 +67,7 @@ def regex_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a metric's regex (it does not compile, or it has no group to read,
     or several and none named ``value``); None when it can."""
     try:
-        compiled = re.compile(pattern, re.MULTILINE)
+        compiled = re.compile(pattern)
     except re.error as error:
         return f"the regex does not compile: {error}"
     if compiled.groups == 0:
