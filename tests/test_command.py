@@ -246,6 +246,12 @@ def test_failures_of_a_command_are_stored_with_their_cause_and_log_and_the_study
     assert outcome.failed_cells == {
         ("native", n) for n in ("fails", "nojson", "nomatch", "badprep", "notool")
     }
+    # the report lists every workload with its parameters whole, escaped as the rest of the report
+    report = (tmp_path / "out" / "report.md").read_text()
+    workloads = report.split("## Workloads", 1)[1].split("## ", 1)[0]
+    assert 'argv=\\["sh", "-c", "echo half; echo first \\>\\&2; echo the cause \\>\\&2; exit 4"\\]' in workloads
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert 'id="workloads"' in html and "echo half; echo first &gt;&amp;2" in html
 
 
 def test_a_tool_the_host_lacks_is_refused_before_anything_runs_natively():

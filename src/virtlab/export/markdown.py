@@ -97,6 +97,8 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
         parts.append("## Failures")
         for failure in report.failures:
             parts += failure_section(failure)
+    if report.workloads is not None:
+        parts += table_section(report.workloads)
     parts += table_section(report.environments)
     parts += table_section(report.differences)
     for title, text in report.documents:  # a Pod's manifest as it ran

@@ -219,6 +219,9 @@ class Report:
     documents: tuple[tuple[str, str], ...] = ()
     """What environments ran from, shown whole under the environments: (title, text), e.g. a Pod's
     manifest (``manifest["pod_manifest"]``)."""
+    workloads: Table | None = None
+    """Each workload's kind and parameters as the plan gave them (a command's argument list, its
+    variables and the sha256 of each file it copied in); None for a document without workloads."""
 
 
 # --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ columns are environments, the baseline first as the seeds put 実機 first.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -283,6 +284,29 @@ def environments_table(ctx: ReportContext) -> Table:
     return Table(key="environments", title="Environments", header=header, rows=tuple(rows))
 
 
+SETUP_KIND = "environment"
+"""The kind results.json gives the environments' own set-up figures, listed among the workloads."""
+
+
+def workloads_table(ctx: ReportContext) -> Table | None:
+    """Every workload measured, with its parameters whole (JSON for lists and tables), so that a
+    reader sees exactly what ran: a built-in's sizes, a command's argument list, its variables and
+    the sha256 of each file it copied in. The environments' own set-up figures are not a workload."""
+    rows = []
+    for workload in ctx.results.workloads:
+        if workload.kind == SETUP_KIND:
+            continue
+        shown = ", ".join(f"{key}={_param_text(value)}" for key, value in workload.params.items())
+        rows.append((Cell(workload.name, "label"), Cell(workload.kind or ""), Cell(shown)))
+    if not rows:
+        return None
+    return Table(key="workloads", title="Workloads", header=("name", "kind", "parameters"), rows=tuple(rows))
+
+
+def _param_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def environment_documents(ctx: ReportContext) -> tuple[tuple[str, str], ...]:
     """Each Pod's manifest as it ran (the environments' ``pod_manifest``), titled by its environment."""
     documents = []
@@ -462,6 +486,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         host_differences=host_differences_table(ctx),
         preset_line=preset_line(ctx.study),
         documents=environment_documents(ctx),
+        workloads=workloads_table(ctx),
     )
 
 
