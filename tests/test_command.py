@@ -249,7 +249,8 @@ def test_failures_of_a_command_are_stored_with_their_cause_and_log_and_the_study
     # the report lists every workload with its parameters whole, escaped as the rest of the report
     report = (tmp_path / "out" / "report.md").read_text()
     workloads = report.split("## Workloads", 1)[1].split("## ", 1)[0]
-    assert 'argv=\\["sh", "-c", "echo half; echo first \\>\\&2; echo the cause \\>\\&2; exit 4"\\]' in workloads
+    escaped = 'argv=\\["sh", "-c", "echo half; echo first \\>\\&2; echo the cause \\>\\&2; exit 4"\\]'
+    assert escaped in workloads
     html = (tmp_path / "out" / "report.html").read_text()
     assert 'id="workloads"' in html and "echo half; echo first &gt;&amp;2" in html
 
