@@ -12,5 +12,7 @@ scripts/setup.sh
 .venv/bin/python bench/fanout_bench.py
 # podman and docker containers' start to first command against runc's; it adds its part too.
 .venv/bin/python bench/engines_bench.py
+# zstd and a guest's sleep through the command workload vs by hand; it adds its part too.
+.venv/bin/python bench/command_bench.py
 # The web and database servers through virtlab vs by hand; it adds its part to the results above.
 exec .venv/bin/python bench/apps_bench.py
