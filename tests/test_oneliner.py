@@ -224,6 +224,23 @@ def test_check_prints_the_plan_and_runs_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_run_refused_before_it_began_takes_its_plan_toml_away(tmp_path):
+    out = tmp_path / "out"
+    done = virtlab("run", "--command", "virtlab-no-such-program", "--in", "native", "--out", str(out))
+    assert done.returncode == 2 and "virtlab-no-such-program is not installed on this host" in done.stderr
+    assert not out.exists()
+    out.mkdir()
+    done = virtlab("run", "--command", "virtlab-no-such-program", "--in", "native", "--out", str(out))
+    assert done.returncode == 2 and list(out.iterdir()) == []
+
+
+def test_another_plan_toml_in_the_directory_is_never_overwritten(tmp_path):
+    (tmp_path / "plan.toml").write_text("# mine\n")
+    done = virtlab("run", "--command", "true", "--in", "native", "--out", str(tmp_path))
+    assert done.returncode == 2 and "plan.toml: is there already, another plan" in done.stderr
+    assert (tmp_path / "plan.toml").read_text() == "# mine\n"
+
+
 # -- real studies ------------------------------------------------------------------------------
 
 METRIC = "speed:MB/s=speed: (\\d+) MB/s"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,6 +16,9 @@ from virtlab.errors import InputError, MachineFault
 from virtlab.fleet import fleet_app
 from virtlab.hosts.cli import hosts_app
 from virtlab.numa.cli import numa_app
+
+if TYPE_CHECKING:
+    from virtlab.registry import Registry
 
 app = typer.Typer(
     help="Measure what a workload loses in a VM or a container against bare metal.",
@@ -95,11 +99,10 @@ def run(
             return
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
-    if command is not None:
-        study_plan = keep_plan(study_plan, out, resume)
     # A log (CI, `| tee`) gets plain lines; a live bar there would show nothing until the end.
     progress = SilentProgress() if quiet else RichProgress() if sys.stdout.isatty() else LogProgress()
-    outcome = run_study(study_plan, out, resume, progress)
+    with keep_plan(study_plan, out, resume) if command is not None else nullcontext(study_plan) as study_plan:
+        outcome = run_study(study_plan, out, resume, progress)
     console.print(f"results: {out}/report.html")
     if outcome.failed_environments or outcome.failed_cells:
         failed = len(outcome.failed_cells) + len(outcome.failed_environments)
@@ -212,6 +215,7 @@ def workloads() -> None:
 
     for name, cls in WORKLOADS:
         _print_plugin(name, cls.summary, cls.Params)
+    _report_broken(WORKLOADS)
 
 
 @app.command()
@@ -221,6 +225,7 @@ def envs() -> None:
 
     for name, cls in ENVIRONMENTS:
         _print_plugin(name, cls.summary, cls.Options)
+    _report_broken(ENVIRONMENTS)
 
 
 @image_app.command("build")
@@ -259,6 +264,15 @@ def _print_plugin(name: str, summary: str, model: type) -> None:
         console.print(
             f"    {field_name} ({default}): {field.description or ''}", highlight=False, markup=False
         )
+
+
+def _report_broken(registry: Registry) -> None:
+    """The third-party plugins that cannot be loaded, after the listing of the others: exit 2."""
+    broken = registry.broken()
+    for error in broken:
+        typer.echo(f"virtlab: {error.message()}", err=True)
+    if broken:
+        raise typer.Exit(2)
 
 
 def _load_results(directory: Path) -> dict:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 
 from virtlab.errors import InputError
 from virtlab.plan import Plan, load_plan, parse_plan
+from virtlab.store import ResultStore
 from virtlab.workloads.command.params import FILE_NAME, MetricSpec
 
 SOURCE = "--command"
@@ -174,17 +177,30 @@ def command_plan(options: CommandOptions, plan: Path | None, preset: str | None,
     return parse_plan(plan_text(options, cwd), SOURCE)
 
 
-def keep_plan(plan: Plan, out_dir: Path, resume: bool) -> Plan:
-    """The plan written to ``out_dir/plan.toml`` and read back from there, as --resume will read
-    it; first ``out_dir`` checked to take the run, so that a study's own plan.toml is never
-    overwritten by another's."""
+@contextmanager
+def keep_plan(plan: Plan, out_dir: Path, resume: bool) -> Iterator[Plan]:
+    """For the study's run: the plan written to ``out_dir/plan.toml`` and read back from there, as
+    --resume will read it. ``out_dir`` is checked first to take the run, and another plan.toml
+    there is never overwritten (a study's own, or the user's). A run refused before it began
+    (an InputError, with no results stored) takes its plan.toml away again, and the directory if
+    it made it."""
     from virtlab.study import check_results_dir
 
     check_results_dir(plan, out_dir, resume)
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / PLAN_FILE
+    if path.exists() and path.read_text() != plan.text:
+        raise InputError(str(path), "is there already, another plan", "give another --out")
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(plan.text)
-    return load_plan(path)
+    try:
+        yield load_plan(path)
+    except InputError:
+        if created and not (out_dir / ResultStore.FILENAME).exists():
+            shutil.rmtree(out_dir, ignore_errors=True)
+        elif not (out_dir / ResultStore.FILENAME).exists():
+            path.unlink(missing_ok=True)
+        raise
 
 
 def kept_plan(out_dir: Path | None) -> Path | None:

@@ -3,7 +3,8 @@
 A registry refuses a second plugin under a name already taken, and answers an
 unknown name with the list of valid ones, so that a typo in a plan gets a fix and
 not a KeyError. Third-party plugins arrive through the entry point group given to
-the registry (``virtlab.workloads``, ``virtlab.environments``).
+the registry (``virtlab.workloads``, ``virtlab.environments``); one that cannot be loaded is kept
+aside with the reason (``broken``), so that it costs only the plans that name it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import importlib
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Generic, TypeVar
+
+from virtlab.errors import InputError
 
 T = TypeVar("T")
 
@@ -24,12 +27,28 @@ class UnknownPluginError(LookupError):
         super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(valid) or '(none)'}")
 
 
+class PluginLoadError(InputError):
+    """A third-party plugin whose entry point cannot be loaded (its module fails to import, or has
+    no such attribute): the plugin, its package and the error, and how to get rid of it."""
+
+    def __init__(self, kind: str, entry_point: metadata.EntryPoint, error: BaseException) -> None:
+        dist = entry_point.dist
+        package = f"{dist.name} {dist.version}" if dist is not None else "an unknown package"
+        super().__init__(
+            f"{kind} plugin {entry_point.name!r}",
+            f"cannot be loaded from {entry_point.value} (entry point of {package}): "
+            f"{type(error).__name__}: {error}",
+            f"fix or reinstall it, or remove it: pip uninstall {dist.name if dist is not None else '...'}",
+        )
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
         self.kind = kind
         self._entry_point_group = entry_point_group
         self._plugins: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
+        self._broken: dict[str, PluginLoadError] = {}
         self._entry_points_loaded = False
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -55,7 +74,11 @@ class Registry(Generic[T]):
         self._lazy[name] = target
 
     def get(self, name: str) -> T:
+        """The plugin called ``name``; UnknownPluginError when there is none, PluginLoadError
+        (an InputError) when it is a third-party plugin that cannot be loaded."""
         self._load_entry_points()
+        if name in self._broken:
+            raise self._broken[name]
         if name not in self._plugins and name in self._lazy:
             module_name, _, attribute = self._lazy[name].partition(":")
             # Importing the module registers the plugin under its own name.
@@ -67,21 +90,35 @@ class Registry(Generic[T]):
             raise UnknownPluginError(self.kind, name, self.names()) from None
 
     def names(self) -> list[str]:
+        """Every plugin's name, the ones that cannot be loaded too (``get`` says why)."""
         self._load_entry_points()
-        return sorted({*self._plugins, *self._lazy})
+        return sorted({*self._plugins, *self._lazy, *self._broken})
+
+    def broken(self) -> list[PluginLoadError]:
+        """The third-party plugins that cannot be loaded, each with its reason."""
+        self._load_entry_points()
+        return [self._broken[name] for name in sorted(self._broken)]
 
     def __iter__(self) -> Iterator[tuple[str, T]]:
+        """Every plugin that can be loaded, by name (``broken`` lists the others)."""
         for name in self.names():
-            yield name, self.get(name)
+            if name not in self._broken:
+                yield name, self.get(name)
 
     def __contains__(self, name: object) -> bool:
         self._load_entry_points()
-        return name in self._plugins or name in self._lazy
+        return name in self._plugins or name in self._lazy or name in self._broken
 
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded or self._entry_point_group is None:
             return
         self._entry_points_loaded = True
         for entry_point in metadata.entry_points(group=self._entry_point_group):
-            if entry_point.name not in self._plugins:
-                self.add(entry_point.name, entry_point.load())
+            if entry_point.name in self._plugins or entry_point.name in self._lazy:
+                continue
+            try:
+                plugin = entry_point.load()
+            except Exception as error:  # a third party's import: anything may go wrong in it
+                self._broken[entry_point.name] = PluginLoadError(self.kind, entry_point, error)
+                continue
+            self.add(entry_point.name, plugin)
