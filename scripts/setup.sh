@@ -24,9 +24,10 @@ if command -v systemctl >/dev/null && systemctl is-enabled --quiet nfs-ganesha 2
 fi
 # Likewise the services Debian starts with the packages the web and database workloads use, when
 # this script installed them (a host's own nginx or PostgreSQL is left as it is): nginx's default
-# site (port 80 on every interface), the default PostgreSQL cluster (5432) and fcgiwrap's socket.
+# site (port 80 on every interface), the default PostgreSQL cluster (5432), fcgiwrap's socket and
+# Redis (6379).
 # virtlab starts its own servers, on its own network, per trial.
-for pair in nginx:nginx postgresql:postgresql fcgiwrap:fcgiwrap.socket; do
+for pair in nginx:nginx postgresql:postgresql fcgiwrap:fcgiwrap.socket redis-server:redis-server; do
     package=${pair%%:*} service=${pair#*:}
     [[ " ${missing[*]} " == *" $package "* ]] || continue
     if command -v systemctl >/dev/null && systemctl is-enabled --quiet "$service" 2>/dev/null; then

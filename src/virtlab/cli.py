@@ -112,12 +112,15 @@ def run(
 
 def _check_plan(path: Path | None, preset: str | None) -> None:
     """``virtlab run --check``: the plan (with --preset, that preset; else every preset) validated,
-    one line for each; an invalid one is the usual InputError, exit 2."""
+    its ``[image]`` packages looked up in the mirror, one line for each; an invalid one is the usual
+    InputError, exit 2."""
     from virtlab.plan import default_plan_path, load_every_preset, load_plan
+    from virtlab.study.preflight import check_image
 
     path = path or default_plan_path()
     plans = [load_plan(path, preset)] if preset is not None else load_every_preset(path)
     for checked in plans:
+        check_image(checked)
         name = f"preset {checked.preset}" if checked.preset else "as written"
         kinds = ", ".join(sorted({env.kind for env in checked.environments}))
         typer.echo(
@@ -230,15 +233,20 @@ def envs() -> None:
 
 @image_app.command("build")
 def image_build(
-    extra_package: Annotated[
-        list[str] | None, typer.Option("--extra-package", help="another Debian package for the guest")
+    package: Annotated[
+        list[str] | None,
+        typer.Option("--package", "--extra-package", help="a Debian package to add (repeat for more)"),
+    ] = None,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="add the packages of this plan's \\[image] table")
     ] = None,
     kernel_flavour: Annotated[str, typer.Option(help="Debian linux-image flavour")] = "cloud-amd64",
 ) -> None:
     """Build (or find in the cache) the guest image: a Debian tree, a kernel, an initramfs."""
-    from virtlab.image import ImageError, ImageSpec, build_image
+    from virtlab.image import ImageError, build_image
+    from virtlab.study.preflight import image_build_spec
 
-    spec = ImageSpec(extra_packages=tuple(extra_package or ()), kernel_flavour=kernel_flavour)
+    spec = image_build_spec(plan, tuple(package or ()), kernel_flavour)
     with console.status("building the guest image") as status:
         try:
             image = build_image(spec, progress=lambda line: status.update(f"image: {line[:100]}"))

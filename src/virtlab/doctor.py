@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from virtlab import accel, nfs
 from virtlab.cpufreq import Offer, read_offer
+from virtlab.debian import PROGRAM_PACKAGES
 from virtlab.metadata import (
     UNAVAILABLE,
     boost_state,
@@ -30,24 +31,14 @@ from virtlab.metadata import (
 Status = Literal["ok", "missing", "unusable"]
 _STYLE = {"ok": "green", "missing": "yellow", "unusable": "red"}
 
-# Tool -> Debian package that provides it.
+# The tools it looks for -> the Debian package that provides each (``virtlab.debian``'s table).
 TOOL_PACKAGES: dict[str, str] = {
-    "fio": "fio",
-    "iperf3": "iperf3",
-    "nuttcp": "nuttcp",
-    "hdparm": "hdparm",
-    "sysbench": "sysbench",
-    "mmdebstrap": "mmdebstrap",
-    "perf": "linux-perf",
-    "numactl": "numactl",
-    "chromium": "chromium",
-    "mbw": "mbw",
-    "stress-ng": "stress-ng",
-    "pi": "pi",
-    "wrk": "wrk",
-    "nginx": "nginx",
-    "pgbench": "postgresql",
-}
+    tool: PROGRAM_PACKAGES[tool]
+    for tool in (
+        "fio", "iperf3", "nuttcp", "hdparm", "sysbench", "mmdebstrap", "perf", "numactl", "chromium",
+        "mbw", "stress-ng", "pi", "wrk", "nginx", "pgbench",
+    )
+}  # fmt: skip
 PERF_EVENTS = ("instructions", "cycles", "cache-misses")
 _MPFR_TEST = """#include <gmp.h>
 #include <mpfr.h>

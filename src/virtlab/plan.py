@@ -20,7 +20,7 @@ import ipaddress
 import re
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -53,6 +53,7 @@ from virtlab.hosts.guests import (
     guest_range,
     overlapping,
 )
+from virtlab.image.packages import ImageTable
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
 from virtlab.preset import PRESET_KEY, PresetError, apply_preset, description, preset_tables
 from virtlab.registry import Registry, UnknownPluginError
@@ -200,10 +201,13 @@ class EnvironmentSpec:
     power_plan: PowerPlanSpec | None = None
     """``[environment.power_plan]``: this machine's frequency policy while the environment measures
     (``virtlab.cpufreq``)."""
+    image_packages: tuple[str, ...] = ()
+    """The plan's ``[image] packages``, handed to the environment it creates."""
 
     def create(self, workdir: Path) -> Environment:
         environment = self.cls(self.name, self.options, workdir)
         environment.host_name = self.host
+        environment.use_image_packages(self.image_packages)
         return environment
 
     @property
@@ -253,6 +257,8 @@ class Plan:
     presets: tuple[str, ...] = ()
     """Every preset the plan names, chosen or not."""
     preset_description: str = ""
+    image: ImageTable = field(default_factory=ImageTable)
+    """``[image]``: what the guest image has besides virtlab's own packages (``virtlab.image.packages``)."""
 
     @property
     def sha256(self) -> str:
@@ -325,7 +331,7 @@ def parse_plan(
         source = f"{source} (preset {preset})"
     study_table = document.get("study")
     scenario_name = study_table.get("scenario") if isinstance(study_table, dict) else None
-    allowed = {"study", "environment", "workload", "host", "inventory", "paper"} | (
+    allowed = {"study", "environment", "workload", "host", "inventory", "paper", "image"} | (
         {scenario_name} if isinstance(scenario_name, str) else set()
     )
     if isinstance(scenario_name, str) and scenario_name not in SCENARIOS:
@@ -337,7 +343,10 @@ def parse_plan(
         )
     unknown = sorted(set(document) - allowed)
     if unknown:
-        fix = "use [study], [[environment]], [[workload]], [[host]], inventory, [paper] and [preset.NAME]"
+        fix = (
+            "use [study], [[environment]], [[workload]], [[host]], inventory, [image], [paper] and "
+            "[preset.NAME]"
+        )
         if unknown[0] in SCENARIOS:
             fix = f'[{unknown[0]}] configures a scenario: add scenario = "{unknown[0]}" to [study]'
         raise InputError(source, f"unknown top-level key {unknown[0]!r}", fix)
@@ -348,6 +357,8 @@ def parse_plan(
         for i, table in enumerate(_tables(document, "environment", source))
     )
     environments = place_bridged_guests(environments, hosts, source)
+    image = _image(document, study, source)
+    environments = tuple(replace(spec, image_packages=image.packages) for spec in environments)
     workloads = tuple(
         _workload(table, source, i, study.peer_settings, directory or Path("."))
         for i, table in enumerate(_tables(document, "workload", source))
@@ -371,10 +382,24 @@ def parse_plan(
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
     paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
-    plan = Plan(source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen)
+    plan = Plan(
+        source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen, image
+    )
     _check_baselines(plan)
     _check_nfs_server(plan)
     return plan
+
+
+def _image(document: dict[str, Any], study: StudySpec, source: str) -> ImageTable:
+    """``[image]``; a scenario makes its environments itself, from the guest image as it is."""
+    image = _validated(ImageTable, document.get("image"), source, "image")
+    if image.packages and study.scenario is not None:
+        raise InputError(
+            source,
+            f"image.packages: the {study.scenario} scenario runs virtlab's guest image as it is",
+            "remove [image], or measure the command in a grid study (no scenario)",
+        )
+    return image
 
 
 def _check_nfs_server(plan: Plan) -> None:

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -22,7 +22,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from virtlab.build import KernelBuild
+from virtlab.debian import dpkg_query_argv, parse_dpkg_query
 from virtlab.environments.abilities import A, Ability, MissingAbility, find
+from virtlab.image import GuestImage, ImageSpec, build_image
+from virtlab.image.packages import image_spec, versions_in
 from virtlab.nfs import NfsExport, mount_argv
 from virtlab.registry import Registry
 from virtlab.samples import Sample
@@ -51,6 +54,7 @@ class EnvironmentOptions(BaseModel):
 
 
 _DF_TIMEOUT_S = 60.0
+_DPKG_TIMEOUT_S = 60.0
 _CAUSE_CHARS = 300
 """A command's last stderr line is cut to this in a failure's one-line cause (its log keeps all)."""
 
@@ -211,6 +215,12 @@ class Environment(ABC):
     before it is reaped, so its final CPU figures can still be read; None: nobody asks."""
     host_name: str | None = field(default=None, init=False)
     """The plan's name of the remote host it runs on (``host =``), for its manifest; None: this machine."""
+    image_packages: tuple[str, ...] = field(default=(), init=False)
+    """The plan's ``[image] packages`` (``use_image_packages``): a kind that runs virtlab's guest image
+    builds it with them, and every kind's manifest records their versions."""
+    _image_versions: tuple[dict[str, str | None], dict[str, str]] | None = field(
+        default=None, init=False, repr=False
+    )
     _provisioned: bool = field(default=False, init=False)
     _nfs_point: str | None = field(default=None, init=False)
     _nfs_export: NfsExport | None = field(default=None, init=False)
@@ -223,8 +233,11 @@ class Environment(ABC):
     (set-up installs them; a test holds scripts/debian-packages.txt to every kind's list)."""
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
-        """Problems visible before anything starts (a tool the workload needs is missing, ...)."""
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
+        """Problems visible before anything starts (a tool the workload needs is missing, ...);
+        ``image_packages``: the plan's ``[image] packages``, which the guest image will have."""
         return []
 
     @classmethod
@@ -401,7 +414,51 @@ class Environment(ABC):
 
     def manifest(self) -> dict[str, Any]:
         """What this environment looks like from inside (CPU, memory, kernel, limits, ...)."""
-        return {"kind": self.kind, "provision_s": self.provision_s}
+        return {"kind": self.kind, "provision_s": self.provision_s, **self.image_packages_manifest()}
+
+    # -- the guest image and the plan's [image] packages -----------------------------------
+    def use_image_packages(self, packages: Iterable[str]) -> None:
+        """The plan's ``[image] packages``, told before ``provision`` (``EnvironmentSpec.create``)."""
+        self.image_packages = tuple(packages)
+
+    def guest_image_spec(self, kernel_flavour: str | None = None) -> ImageSpec:
+        """The spec of virtlab's guest image with the plan's packages (``ImageSpec()`` without any)."""
+        return image_spec(self.image_packages, kernel_flavour)
+
+    def build_guest_image(self, kernel_flavour: str | None = None) -> GuestImage:
+        """Virtlab's guest image with the plan's packages: from the cache when its content key is
+        there, else built (ImageError when it cannot be)."""
+        image = build_image(self.guest_image_spec(kernel_flavour), progress=self.say)
+        return self.runs_guest_image(image)
+
+    def runs_guest_image(self, image: GuestImage) -> GuestImage:
+        """Told the guest image this environment's commands run in: the manifest's versions of the
+        plan's packages are that image's."""
+        self._image_versions = versions_in(image, self.image_packages)
+        return image
+
+    def image_package_versions(self) -> tuple[dict[str, str | None], dict[str, str]]:
+        """Each of the plan's ``[image]`` packages -> its version where this environment's commands
+        run (None where it is not there), and why for each None: the guest image's
+        (``runs_guest_image``), else what ``dpkg-query`` run there says (native: the host's)."""
+        if self._image_versions is not None:
+            return self._image_versions
+        names = self.image_packages
+        try:
+            result = self.run(dpkg_query_argv(names), _DPKG_TIMEOUT_S)
+        except (EnvironmentError_, OSError) as error:
+            return dict.fromkeys(names), dict.fromkeys(names, f"dpkg-query could not run: {error}")
+        if result.timed_out or result.exit_code not in (0, 1):  # 1: some package is not installed
+            return dict.fromkeys(names), dict.fromkeys(names, f"dpkg-query failed: {result.status()}")
+        return parse_dpkg_query(result.stdout, names)
+
+    def image_packages_manifest(self) -> dict[str, Any]:
+        """The manifest's ``image_packages`` (name -> version or None) and ``image_packages_missing``
+        (name -> why, for each None); nothing where the plan names no package."""
+        if not self.image_packages:
+            return {}
+        versions, reasons = self.image_package_versions()
+        return {"image_packages": versions, **({"image_packages_missing": reasons} if reasons else {})}
 
 
 def steal_seconds(proc_stat: str, ticks_per_s: int = 100) -> float | None:

@@ -47,6 +47,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 from virtlab import network as vnet
 from virtlab.build import KernelBuild, cache_root
 from virtlab.cpulist import format_cpu_list
+from virtlab.debian import PROGRAM_PACKAGES, package_for
 from virtlab.environments import runc
 from virtlab.environments._base import (
     BackgroundCommand,
@@ -60,7 +61,8 @@ from virtlab.environments._base import (
 )
 from virtlab.environments._process import run_process
 from virtlab.environments.abilities import Ability, BridgeNetwork, ContainerCgroups, CpuLimit
-from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image, load_image
+from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, load_image
+from virtlab.image.packages import image_spec
 from virtlab.metadata import cpu_flags_summary
 from virtlab.nfs import kernel_client_problem
 
@@ -83,10 +85,7 @@ MASKED_PATHS = [
     "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
 ]  # fmt: skip
 # Programs a workload may ask for -> the Debian package that brings them, for an image not yet built.
-TOOL_PACKAGES = {"sshd": "openssh-server", "ssh": "openssh-client", "qemu-ga": "qemu-guest-agent",
-                 "ip": "iproute2", "ps": "procps", "modprobe": "kmod", "blastn": "ncbi-blast+",
-                 "pgbench": "postgresql", "psql": "postgresql", "nginx": "nginx", "fcgiwrap": "fcgiwrap",
-                 "wrk": "wrk", "curl": "curl", "java": "default-jre-headless"}  # fmt: skip
+TOOL_PACKAGES = PROGRAM_PACKAGES
 
 
 class ContainerOptions(EnvironmentOptions):
@@ -159,7 +158,9 @@ class ContainerEnvironment(Environment):
         return "cgroup", ""
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, ContainerOptions)
         problems = [
             f"{tool} is not installed on this host: apt-get install {package}"
@@ -173,7 +174,7 @@ class ContainerEnvironment(Environment):
             problems.append("containers need root (runc with cgroup limits and network namespaces)")
         problems += cpu_problems(options.cpus, sorted(os.sched_getaffinity(0)))
         problems += memory_problems(options.memory_mb, host_memory_bytes())
-        problems += guest_tool_problems(tools)
+        problems += guest_tool_problems(tools, image_packages)
         return problems
 
     @classmethod
@@ -192,7 +193,7 @@ class ContainerEnvironment(Environment):
 
     def _create(self, kernels: KernelBuild) -> None:
         cleanup_leftovers()
-        self.image = build_image(ImageSpec(), progress=self.say)
+        self.image = self.build_guest_image()
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)[:40] or "c"
         suffix = secrets.token_hex(3)
         self.container_id = f"{runc.ID_PREFIX}{safe_name}-{suffix}"
@@ -311,7 +312,10 @@ class ContainerEnvironment(Environment):
 
     # -- description -----------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        return describe_inside(probe_inside(self, self.container_id), self._facts())
+        return {
+            **describe_inside(probe_inside(self, self.container_id), self._facts()),
+            **self.image_packages_manifest(),
+        }
 
     def _facts(self) -> dict[str, Any]:
         """What the host side knows: options, runtime, image, network, storage."""
@@ -528,11 +532,18 @@ def built_image(spec: ImageSpec | None = None) -> GuestImage | None:
     return load_image(max(found)[1]) if found else None
 
 
-def guest_tool_problems(tools: tuple[str, ...]) -> list[str]:
-    """Problems with the tools a workload needs in the guest image (containers and VMs run its userland)."""
+def guest_tool_problems(tools: tuple[str, ...], image_packages: tuple[str, ...] = ()) -> list[str]:
+    """Problems with the tools a workload needs in the guest image (containers and VMs run its
+    userland), which has the plan's ``image_packages`` besides its own."""
     if not tools:
         return []
-    image = built_image()
+    spec = image_spec(image_packages)
+    image = built_image(spec)
+    if image is None and spec != ImageSpec():
+        # The plan's image is not built yet: the default one's tree tells, but for what the plan's
+        # packages bring.
+        tools = tuple(t for t in tools if package_for(t, image_packages) not in spec.extra_packages)
+        image = built_image()
     if image is not None:
         # lexists: /usr/bin/java is an absolute symlink (/etc/alternatives/...), meaningful only
         # inside the tree, which exists() would follow on the host instead.
@@ -540,10 +551,16 @@ def guest_tool_problems(tools: tuple[str, ...]) -> list[str]:
         where = f"the guest image {image.key} ({image.rootfs})"
     else:
         # Before the first build only what is known to come from a package can be checked.
-        packages = set(ImageSpec().all_packages())
+        packages = set(spec.all_packages())
         missing = [t for t in tools if TOOL_PACKAGES.get(t, t) not in packages and t in TOOL_PACKAGES]
         where = "the guest image's package list"
-    return [f"{tool} is not in {where}: add its Debian package to the image's packages" for tool in missing]
+    return [f"{tool} is not in {where}: {_image_fix(tool)}" for tool in missing]
+
+
+def _image_fix(tool: str) -> str:
+    package = package_for(tool)
+    named = f" ({package})" if package else ""
+    return f"add the Debian package that brings it{named} to the plan's [image] packages"
 
 
 _BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin")

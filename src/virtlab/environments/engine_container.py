@@ -106,7 +106,9 @@ class EngineContainerEnvironment(ContainerEnvironment):
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, EngineOptions)
         missing = oi.engine_missing(cls.engine)
         problems = [missing] if missing else []
@@ -125,7 +127,7 @@ class EngineContainerEnvironment(ContainerEnvironment):
         if problems:
             return problems
         if options.image is None:
-            return guest_tool_problems(tools)
+            return guest_tool_problems(tools, image_packages)
         problem = oi.local_image_problem(cls.engine, options.image)
         return [problem] if problem else []
 
@@ -139,7 +141,9 @@ class EngineContainerEnvironment(ContainerEnvironment):
         cleanup_leftovers(self.engine)
         self.engine_facts = oi.engine_facts(self.engine)
         if self.options.image is None:
-            self.image, self.image_facts = oi.guest_image(self.engine, progress=self.say)
+            spec = self.guest_image_spec()
+            self.image, self.image_facts = oi.guest_image(self.engine, spec, progress=self.say)
+            self.runs_guest_image(self.image)
         else:
             self.image_facts = oi.inspect_image(self.engine, self.options.image)
             if self.image_facts is None:
@@ -226,6 +230,7 @@ class EngineContainerEnvironment(ContainerEnvironment):
             **described,
             "engine": self.engine_facts.as_dict() if self.engine_facts else None,
             "image": self.image_facts.as_dict() if self.image_facts else None,
+            **self.image_packages_manifest(),
         }
 
     def _facts(self) -> dict[str, Any]:

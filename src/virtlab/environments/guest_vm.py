@@ -63,7 +63,6 @@ from virtlab.image import (
     GuestImage,
     ImageError,
     ImageSpec,
-    build_image,
     default_size_mb,
     guest_cmdline,
     kernel_files,
@@ -374,7 +373,9 @@ class GuestVmEnvironment(Environment):
 
     # -- checks before anything runs -----------------------------------------------------
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, VmOptions)
         problems = []
         for tool, package in cls.host_tools.items():
@@ -412,7 +413,7 @@ class GuestVmEnvironment(Environment):
             if not probe.kvm_usable:
                 problems.append(f'accel = "kvm", but KVM does not work on this host: {probe.reason}')
         # The guest runs the containers' userland (one image): a workload's tools are looked for there.
-        return problems + guest_tool_problems(tools)
+        return problems + guest_tool_problems(tools, image_packages)
 
     @classmethod
     def free_space_mb(cls, options: EnvironmentOptions, directory: str, workdir: Path) -> int | None:
@@ -580,7 +581,7 @@ class GuestVmEnvironment(Environment):
 
     def _image(self) -> GuestImage:
         try:
-            image = build_image(ImageSpec(kernel_flavour=self.options.kernel_flavour), progress=self.say)
+            image = self.build_guest_image(self.options.kernel_flavour)
         except ImageError as error:
             raise EnvironmentError_(f"guest image: {error}", str(error)) from error
         missing = set(image.manifest.get("missing_drivers", ()))

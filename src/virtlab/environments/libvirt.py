@@ -867,7 +867,9 @@ class LibvirtEnvironment(GuestVmEnvironment):
         return []
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, LibvirtOptions)
         problems = []
         try:
@@ -877,7 +879,7 @@ class LibvirtEnvironment(GuestVmEnvironment):
             problems.append(f"libvirt-python is not installed: {INSTALL_HINT}")
         if is_local(options.uri):
             # Same host: QEMU, the block device, host CPUs, KVM and the bridge are this machine's.
-            problems += super().preflight(options, tools)
+            problems += super().preflight(options, tools, image_packages)
             if (
                 options.bridge is not None
                 and not (Path("/sys/class/net") / options.bridge / "bridge").is_dir()

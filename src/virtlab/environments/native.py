@@ -13,6 +13,7 @@ from typing import Any
 
 from virtlab import network as vnet
 from virtlab.build import KernelBuild
+from virtlab.debian import install_advice
 from virtlab.environments._base import (
     BackgroundCommand,
     CommandResult,
@@ -44,8 +45,15 @@ class NativeEnvironment(Environment):
     _owns_attachment: bool = False
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
-        return [f"{tool} is not installed on this host" for tool in tools if shutil.which(tool) is None]
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
+        # The plan's [image] packages are what it installs in the guests: likely the host's fix too.
+        return [
+            f"{tool} is not installed on this host: {install_advice(tool, image_packages)}"
+            for tool in tools
+            if shutil.which(tool) is None
+        ]
 
     @classmethod
     def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:

@@ -340,6 +340,7 @@ class PodSide:
             **pod,
             "pod_manifest_file": str(self.pod.manifest_path),
             "pod_manifest": self.manifest_text,
+            **self.image_packages_manifest(),
         }
 
     def _engine_facts(self) -> oci_image.EngineFacts:
@@ -360,7 +361,9 @@ class PodEnvironment(PodSide, Environment):
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, PodOptions)
         if options.runtime == "kubernetes":
             from virtlab.environments.pod_kubernetes import kubeconfig_problem
@@ -384,7 +387,7 @@ class PodEnvironment(PodSide, Environment):
         if options.image is not None:
             problems += [p for p in [oci_image.local_image_problem("podman", options.image)] if p]
         else:
-            problems += guest_tool_problems(tools)
+            problems += guest_tool_problems(tools, image_packages)
         return problems
 
     @property
@@ -411,7 +414,10 @@ class PodEnvironment(PodSide, Environment):
 
         cleanup_leftovers()
         if self.options.image is None:
-            self.image_reference = oci_image.guest_image("podman", progress=self.say)[1].reference
+            spec = self.guest_image_spec()
+            image, facts = oci_image.guest_image("podman", spec, progress=self.say)
+            self.runs_guest_image(image)
+            self.image_reference = facts.reference
         else:
             self.image_reference = self.options.image
         self._spec = self._spec_input(str(bin_dir))

@@ -40,7 +40,7 @@ from virtlab.environments.pod_manifest import ENVIRONMENT_LABEL, owner_labels
 from virtlab.environments.pod_podman import PODMAN_TIMEOUT_S, PodmanPod, cleanup_leftovers, podman_argv
 from virtlab.environments.remote_container import SshRuncHost, send_tar
 from virtlab.environments.ssh import SshEnvironment, SshOptions
-from virtlab.image import GUEST_BIN, ImageSpec, build_image
+from virtlab.image import GUEST_BIN
 
 # The PID a command wrote inside the container (``engine_container.EXEC_WRAPPER``), its group signalled
 # from inside; exit 3 when it has written none yet (the image's /bin/sh is dash: no "--" for kill).
@@ -94,14 +94,16 @@ class RemotePodEnvironment(PodSide, SshEnvironment):
         return ["podman", "catatonit", *([options.compiler] if options.build == "remote" else [])]
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, RemotePodOptions)
-        problems = super().preflight(options, tools)
+        problems = super().preflight(options, tools, image_packages)
         if shutil.which("tar") is None:
             problems.append(
                 "tar is not installed on this host (it ships the guest image): apt-get install tar"
             )
-        return problems + (guest_tool_problems(tools) if options.image is None else [])
+        return problems + (guest_tool_problems(tools, image_packages) if options.image is None else [])
 
     @property
     def bin_dir(self) -> str:
@@ -136,7 +138,7 @@ class RemotePodEnvironment(PodSide, SshEnvironment):
                     "virtlab never pulls one: fetch it there yourself, or leave `image` unset"
                 )
             return {"image_shipped": False}
-        image = build_image(ImageSpec(), progress=self.say)
+        image = self.build_guest_image()
         self.image_reference = oci_image.guest_reference(image.key)
         if self._has_image(self.image_reference):
             return {"image_shipped": False}

@@ -76,7 +76,7 @@ from virtlab.environments.container import (
     scratch_relative,
 )
 from virtlab.environments.ssh import SshEnvironment, SshOptions, remote_directory
-from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, build_image
+from virtlab.image import GUEST_BIN, GuestImage
 
 PARTIAL = ".partial-"
 _UNLIMITED = 2**64 - 1  # RLIM_INFINITY as runc reads it
@@ -183,13 +183,15 @@ class RemoteContainerEnvironment(SshEnvironment):
         return ["runc", "tar", *([options.compiler] if options.build == "remote" else [])]
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
-        problems = super().preflight(options, tools)
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
+        problems = super().preflight(options, tools, image_packages)
         if shutil.which("tar") is None:
             problems.append(
                 "tar is not installed on this host (it ships the guest tree): apt-get install tar"
             )
-        return problems + guest_tool_problems(tools)
+        return problems + guest_tool_problems(tools, image_packages)
 
     @property
     def bin_dir(self) -> str:
@@ -198,7 +200,7 @@ class RemoteContainerEnvironment(SshEnvironment):
     # -- provisioning (after the ssh kind's connection, workdir and kernels) ---------------------
     def _prepare(self) -> dict[str, Any]:
         self._host = host = SshRuncHost(self)
-        self.image = build_image(ImageSpec(), progress=self.say)
+        self.image = self.build_guest_image()
         facts, limits = self._read_host(self.image.key)
         runc.cleanup_leftovers(host)
         shipping = self._ship_rootfs(self.image, facts["rootfs_cache"], facts.pop("rootfs_cached"))
@@ -389,7 +391,13 @@ class RemoteContainerEnvironment(SshEnvironment):
             },
         )
         placed = {key: facts.pop(key, None) for key in ("host", "hostname")}
-        return {**inside, "host_name": self.host_name, **placed, "host_facts": facts}
+        return {
+            **inside,
+            "host_name": self.host_name,
+            **placed,
+            "host_facts": facts,
+            **self.image_packages_manifest(),
+        }
 
     # -- teardown ---------------------------------------------------------------------------------
     def _cleanup(self, quiet: bool) -> None:

@@ -273,7 +273,9 @@ class SshEnvironment(Environment):
         return True
 
     @classmethod
-    def preflight(cls, options: EnvironmentOptions, tools: tuple[str, ...]) -> list[str]:
+    def preflight(
+        cls, options: EnvironmentOptions, tools: tuple[str, ...], image_packages: tuple[str, ...] = ()
+    ) -> list[str]:
         assert isinstance(options, SshOptions)
         problems = [
             f"{tool} ({package}) is not installed on this host: apt-get install {package}"

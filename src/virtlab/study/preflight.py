@@ -1,7 +1,8 @@
 """What is checked before a study runs: bad input is exit 2 with one message, not a failed cell an
-hour later. The grid's checks (peers named, controls against the host, every environment able to
-run every workload, files that fit, NFS), the C kernels every study builds, and the hosts every
-study uses (``preflight_hosts``: each checked once per run, the study records those checks).
+hour later. The grid's checks (the ``[image]`` packages in the mirror, peers named, controls against
+the host, every environment able to run every workload, files that fit, NFS), the C kernels every
+study builds, and the hosts every study uses (``preflight_hosts``: each checked once per run, the
+study records those checks).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from pathlib import Path
 from virtlab import nfs
 from virtlab.build import BuildError, KernelBuild, build_kernels
 from virtlab.control import validate_against_host
+from virtlab.debian import package_name_problem, unknown_to_apt
 from virtlab.environments.abilities import vcpu_count
 from virtlab.errors import InputError
 from virtlab.hosts.check import HostCheck, check_hosts
-from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
+from virtlab.image import ImageSpec
+from virtlab.image.packages import image_spec
+from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
 from virtlab.storage import uses_nfs
 from virtlab.workloads._peer import PeerWorkload
 
@@ -47,6 +51,7 @@ def no_room(where: str, kind: str, needed: int, directory: str, free_mb: int) ->
 def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
     """Everything that can be checked before anything runs; bad input is exit 2, not a failed cell.
     ``out_dir``: the results directory, where containers and VMs will keep their files."""
+    check_image(plan)
     names = [env.name for env in plan.environments]
     for spec in plan.workloads:
         if isinstance(spec.workload, PeerWorkload):
@@ -65,8 +70,10 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
                 f"environment {env.name!r}: control: {p}"
                 for p in validate_against_host(env.control, vcpus=vcpus)
             ]
+        # Passed only when there are some: a plugin's preflight may take the two arguments of before.
+        image = {"image_packages": env.image_packages} if env.image_packages else {}
         for workload in plan.workloads:
-            for problem in env.cls.preflight(env.options, workload.workload.tools):
+            for problem in env.cls.preflight(env.options, workload.workload.tools, **image):
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
             if not uses_nfs(workload.workload):
                 space += space_problems(env, workload, out_dir or Path("results"))
@@ -76,6 +83,44 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
     refuse_first(plan, problems)
     refuse_first(plan, space, "make the workload's file smaller or give it a place with room")
     return kernels_for(plan)
+
+
+IMAGE_FIX = (
+    "check the name (`apt-cache policy NAME` shows the versions the host's apt knows), run "
+    "`apt-get update`, or remove it from [image] packages"
+)
+
+
+def image_problems(plan: Plan) -> list[str]:
+    """Each ``[image]`` package the Debian mirror the host's apt uses does not have (the guest image
+    is built from it: its build would fail on one, after the study's set-up)."""
+    return [
+        f"image.packages: {name!r} is not in the Debian mirror the host's apt uses (no candidate "
+        "version: an unknown or only a virtual package)"
+        for name in unknown_to_apt(plan.image.packages)
+    ]
+
+
+def check_image(plan: Plan) -> None:
+    """``image_problems`` refused: exit 2 before anything runs (``virtlab run`` and ``run --check``)."""
+    refuse_first(plan, image_problems(plan), IMAGE_FIX)
+
+
+def image_build_spec(plan_path: Path | None, packages: tuple[str, ...], kernel_flavour: str) -> ImageSpec:
+    """``virtlab image build``'s image: ``packages`` (``--package``) and those of the plan in
+    ``plan_path`` (``--plan``) added; a bad name or one the mirror lacks is an InputError (exit 2)."""
+    source = "virtlab image build"
+    for name in packages:
+        problem = package_name_problem(name)
+        if problem:
+            raise InputError(source, f"--package: {problem}", "give a Debian package's name, e.g. zstd")
+    planned = load_plan(plan_path).image.packages if plan_path is not None else ()
+    missing = unknown_to_apt([*planned, *packages])
+    if missing:
+        name = missing[0]
+        where, key = (str(plan_path), "image.packages") if name in planned else (source, "--package")
+        raise InputError(where, f"{key}: {name!r} is not in the Debian mirror the host's apt uses", IMAGE_FIX)
+    return image_spec((*planned, *packages), kernel_flavour)
 
 
 def host_needs(plan: Plan) -> dict[str, list[str]]:
