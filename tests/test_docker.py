@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 import engine_kit as kit
+from command_kit import check_command_runs
 from marks import needs_root, needs_tools
 from virtlab import dockerd
 from virtlab.environments import ENVIRONMENTS
@@ -175,3 +176,9 @@ def test_the_ci_helper_leaves_a_running_daemon_alone(daemon, tmp_path, capsys):
 @needs_docker
 def test_kill_9_mid_trial_then_resume_leaves_only_the_cached_image(daemon, guest_image, tmp_path):
     kit.check_kill_9_then_resume("docker", tmp_path)
+
+
+@needs_root
+@needs_docker
+def test_a_users_command_with_its_files_runs_here(box):
+    check_command_runs(box)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from command_kit import check_command_runs
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.abilities import BridgeNetwork
 from virtlab.environments.libvirt import (
@@ -594,3 +595,9 @@ def test_a_libvirt_domain_on_virtlabs_bridge_is_refused_not_given_slirp():
     with pytest.raises(ValueError, match="does not join virtlab's own bridge; name a bridge of its host"):
         LibvirtOptions(network="bridge")
     assert LibvirtOptions().offers(BridgeNetwork) is None
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_users_command_with_its_files_runs_here(vm):
+    check_command_runs(vm)

@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 
 import marks
+from command_kit import check_command_runs
 from fault_kit import PATIENCE_S, start, stored, wait_for
 from virtlab.environments import ENVIRONMENTS
 from virtlab.environments.oci_image import import_argv
@@ -624,3 +625,10 @@ def test_a_pod_on_a_remote_host_by_its_podman_over_ssh(lab, kernel_build, guest_
     finally:
         environment.teardown()
     assert subprocess.run(["podman", "pod", "exists", name], check=False).returncode == 1, "the Pod is left"
+
+
+@marks.needs_root
+@needs_podman
+def test_a_users_command_with_its_files_runs_here(pod):
+    environment, _root = pod
+    check_command_runs(environment)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import marks
+from command_kit import check_command_runs
 from virtlab import network, testhost
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.ssh import SshEnvironment, SshOptions
@@ -304,3 +305,7 @@ def test_two_test_hosts_share_one_network_and_reach_each_other():
             assert done.returncode == 0, done.stderr
             assert len([x for x in net.attachments if x.target is None]) == 1  # one route from here
         assert net.attachments == []  # each host removed only its own ports
+
+
+def test_a_users_command_with_its_files_runs_here(env):
+    check_command_runs(env)
