@@ -54,6 +54,10 @@ TEST_TOOLS: dict[str, str] = {
     "podman": "podman",
     "catatonit": "catatonit",
     "dockerd": "docker.io",
+    # the command workload's tests: a package the default guest image lacks, a server and its client
+    "zstd": "zstd",
+    "redis-server": "redis-server",
+    "redis-benchmark": "redis-tools",
 }
 
 
