@@ -293,3 +293,19 @@ def test_a_script_with_its_files_in_native_runc_podman_and_a_vm(tmp_path, guest_
     report = (out / "report.md").read_text()
     assert "script · score (ops, ↑)" in report and "script · elapsed_s (s, ↓)" in report
     assert (out / "environments" / "native" / "prepared.txt").read_text() == "prepared\n"
+
+
+def test_the_reports_are_rebuilt_from_the_stored_plan_once_its_files_are_gone(tmp_path):
+    (tmp_path / "plan").mkdir()
+    shutil.copy(DATA / "bench.sh", tmp_path / "plan" / "run.sh")
+    text = NATIVE + workload('argv = ["sh", "run.sh"]\nfiles = ["run.sh"]\nenv = { LOOPS = "10" }')
+    (tmp_path / "plan" / "plan.toml").write_text(text.replace("trials = 2", "trials = 1"))
+    out = tmp_path / "out"
+    ran = virtlab("run", str(tmp_path / "plan" / "plan.toml"), "--out", str(out), "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    shutil.rmtree(tmp_path / "plan")
+    (out / "report.md").unlink()
+    rebuilt = virtlab("report", str(out))
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "run.sh" in (out / "report.md").read_text()
+

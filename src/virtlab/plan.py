@@ -318,10 +318,16 @@ def load_plan(path: Path | None = None, preset: str | None = None) -> Plan:
 
 
 def parse_plan(
-    text: str, source: str = "<plan>", directory: Path | None = None, preset: str | None = None
+    text: str,
+    source: str = "<plan>",
+    directory: Path | None = None,
+    preset: str | None = None,
+    stored: bool = False,
 ) -> Plan:
     """``directory``: what the plan's relative paths (its inventory, key files) are relative to;
-    default: the current directory. ``preset``: the ``[preset.NAME]`` to lay over the plan."""
+    default: the current directory. ``preset``: the ``[preset.NAME]`` to lay over the plan.
+    ``stored``: the plan a results directory keeps, read again to rebuild its reports: the files its
+    workloads copied in need not be there any more (their sha256 is in the results)."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -360,7 +366,7 @@ def parse_plan(
     image = _image(document, study, source)
     environments = tuple(replace(spec, image_packages=image.packages) for spec in environments)
     workloads = tuple(
-        _workload(table, source, i, study.peer_settings, directory or Path("."))
+        _workload(table, source, i, study.peer_settings, directory or Path("."), stored)
         for i, table in enumerate(_tables(document, "workload", source))
     )
     _check_peer_settings(study, workloads, source)
@@ -828,11 +834,12 @@ def _with_options(spec: EnvironmentSpec, **changes: Any) -> EnvironmentSpec:
 
 
 def _workload(
-    table: dict[str, Any], source: str, index: int, peers: PeerSettings, directory: Path
+    table: dict[str, Any], source: str, index: int, peers: PeerSettings, directory: Path, stored: bool
 ) -> WorkloadSpec:
-    """``directory``: what a parameter naming a file (a command's ``files``) is relative to."""
+    """``directory``: what a parameter naming a file (a command's ``files``) is relative to;
+    ``stored``: a stored plan, whose files need not exist any more (``parse_plan``)."""
     name, kind, cls, where = _plugin_table(table, source, f"workload[{index}]", WORKLOADS)
-    context = {"directory": directory, "name": name}
+    context = {"directory": directory, "name": name, "stored": stored}
     params = _validated(cls.Params, _without(table, "name", "kind"), source, where, context)
     return WorkloadSpec(name, kind, cls.create(params, peers))
 

@@ -146,7 +146,11 @@ def stored_plan(directory: Path, store: ResultStore) -> Plan:
     text = store.get("plan_text")
     if not text:
         raise InputError(str(directory), "holds no plan (written before plans were stored)", "give --plan")
-    return parse_plan(text, str(directory / "results.sqlite (stored plan)"), preset=store.get("plan_preset"))
+    # Relative paths of the plan (a command's files) are its file's, wherever the results are now.
+    plan_file = (store.get("study") or {}).get("plan_file")
+    where = Path(plan_file).parent if plan_file else directory
+    source = str(directory / "results.sqlite (stored plan)")
+    return parse_plan(text, source, where, preset=store.get("plan_preset"), stored=True)
 
 
 def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None = None) -> tuple[Table, ...]:

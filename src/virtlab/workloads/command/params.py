@@ -234,10 +234,14 @@ class CommandParams(WorkloadParams):
     def _files_exist(cls, value: tuple[Path, ...], info: ValidationInfo) -> tuple[Path, ...]:
         """Each file made absolute against the plan file's directory (the parser's context), found,
         and of a name a command can use as it is."""
-        base = Path((info.context or {}).get("directory") or ".")
+        context = info.context or {}
+        base = Path(context.get("directory") or ".")
         resolved = []
         for path in value:
             full = (base / path).absolute()
+            if context.get("stored"):
+                resolved.append(full)  # a stored plan's: what was copied is in the results
+                continue
             if not full.exists():
                 raise ValueError(f"{path}: no such file or directory (looked for {full})")
             if not (full.is_file() or full.is_dir()):
