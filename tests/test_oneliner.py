@@ -80,6 +80,7 @@ PLANS = [
 @pytest.mark.parametrize(("options", "expected", "environments", "trials"), PLANS)
 def test_the_options_make_the_plan(options, expected, environments, trials):
     document = made(options)
+    assert "image" not in document
     [workload] = document["workload"]
     assert workload == {"kind": "command", **expected}
     assert document["study"]["name"] == expected["name"]
@@ -123,6 +124,13 @@ METRICS = [
 def test_a_metric_option_is_a_metric_table(given, name, unit, better, regex):
     [metric] = workload_of(CommandOptions("true", "native", metrics=(given,)))["metric"]
     assert metric == {"name": name, "unit": unit, "better": better, "regex": regex, "aggregate": "last"}
+
+
+def test_packages_are_the_guest_image_s():
+    document = made(CommandOptions("zstd -b3", packages=("zstd", "redis-tools")))
+    assert document["image"] == {"packages": ["zstd", "redis-tools"]}
+    plan = parse_plan(plan_text(CommandOptions("zstd", packages=("zstd",)), CWD), "p.toml")
+    assert plan.image.packages == ("zstd",)
 
 
 def test_several_metrics_keep_their_order():
@@ -205,6 +213,9 @@ CLI_REFUSED = [
     (["run", "--in", "native"], "--in: goes with --command"),
     (["run", "--metric", "a=(x)"], "--metric: goes with --command"),
     (["run", "--trials", "3"], "--trials: goes with --command"),
+    (["run", "--package", "zstd"], "--package: goes with --command"),
+    (["run", "--command", "zstd", "--package", "Bad_Name", "--check"], "image.packages: 'Bad_Name' is not a"),
+    (["run", "--command", "zstd", "--package", "virtlab-no-such-package", "--check"], "is not in the Debian"),
     (["run", "--command", "true", "--trials", "0"], "--trials"),
 ]  # fmt: skip
 

@@ -77,6 +77,10 @@ def run(
     trials: Annotated[
         int | None, typer.Option("--trials", min=1, help="with --command: counted trials (default 5)")
     ] = None,
+    package: Annotated[
+        list[str] | None,
+        typer.Option("--package", help="with --command: a Debian package the guest image adds (repeatable)"),
+    ] = None,
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.oneliner import CommandOptions, command_plan, keep_plan, kept_plan
@@ -84,7 +88,9 @@ def run(
     from virtlab.progress import LogProgress, RichProgress, SilentProgress
     from virtlab.study import default_out_dir, latest_out_dir, run_study
 
-    options = CommandOptions(command, in_, tuple(file or ()), tuple(metric or ()), trials)
+    options = CommandOptions(
+        command, in_, tuple(file or ()), tuple(metric or ()), trials, tuple(package or ())
+    )
     if command is None:
         options.refuse_companions()
         plan = plan or (kept_plan(out) if resume else None)  # a study --command began: its kept plan
@@ -95,6 +101,9 @@ def run(
     else:
         study_plan = command_plan(options, plan, preset, Path.cwd())
         if check:
+            from virtlab.study.preflight import check_image
+
+            check_image(study_plan)
             typer.echo(study_plan.text, nl=False)
             return
     if out is None:

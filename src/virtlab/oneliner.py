@@ -52,11 +52,13 @@ class CommandOptions:
     files: tuple[Path, ...] = ()
     metrics: tuple[str, ...] = ()
     trials: int | None = None
+    packages: tuple[str, ...] = ()
+    """``--package``: Debian packages the guest image of the container and the VM adds (``[image]``)."""
 
     def refuse_companions(self) -> None:
         """Without --command, its companions are an InputError."""
         given = {"--in": self.environments, "--file": self.files, "--metric": self.metrics}
-        given["--trials"] = self.trials
+        given.update({"--trials": self.trials, "--package": self.packages})
         for option, value in given.items():
             if value is not None and value != ():
                 raise InputError(option, "goes with --command", "add --command, or drop it")
@@ -74,6 +76,8 @@ def plan_text(options: CommandOptions, cwd: Path) -> str:
         *_keys(name=name, description=f"virtlab run --command {shlex.join(argv)}"),
         *_keys(trials=options.trials or TRIALS, warmups=WARMUPS),
     ]
+    if options.packages:
+        lines += ["", "[image]", *_keys(packages=list(options.packages))]
     for environment in environment_names(options.environments):
         lines += ["", "[[environment]]", *_keys(name=environment, **ENVIRONMENTS[environment])]
     workload = {"name": name, "kind": "command", "argv": argv}
