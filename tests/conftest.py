@@ -65,6 +65,12 @@ HEAVIEST_FIRST = (
     "test_fault_injection_more",
     "test_network_workloads",
     "test_lab_study",
+    # the user's own workload (2026-12-01, measured alone): a script in four environment kinds
+    # (135 s), a package's benchmark and a server package in a container and a VM (60 s, and the
+    # one extra guest image, 122 s, whichever of these three modules comes first), the image itself
+    "test_command",
+    "test_command_guest",
+    "test_image_packages",
     "test_priority",
     "test_numa_live_migration",
     "test_lab_three_hosts",
