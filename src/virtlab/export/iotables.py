@@ -59,6 +59,7 @@ CACHE_WORDS = {
     "dropped": "the page cache dropped before the read (drop_caches)",
     "fadvise": "the file's pages dropped before the read (POSIX_FADV_DONTNEED: drop_caches is "
     "read-only here)",
+    "buffered": "buffered I/O, as the job asks: through the page cache",
     "not-defeated": "the page cache was NOT kept out (memory-backed storage, or a read-back served "
     "from the cache)",
 }
@@ -559,6 +560,35 @@ def _reduction(ctx: ReportContext) -> str:
     return f"Each figure: {ctx.reduction}{of} \u00b1 half-width of the 95% confidence interval of the mean."
 
 
+def job_tables(ctx: ReportContext) -> list[Table]:
+    """A table per workload whose figures say which job, direction and measure they are (their
+    context's ``job``, ``direction`` and ``measure``, as a fio job file's are): a row each, in the
+    order they were measured; no workload's kind or metric names are read."""
+    tables = []
+    for workload in ctx.results.workloads:
+        lines = []
+        for (_, name, metric), cell in ctx.cells.items():
+            about = [cell.context.get(key) for key in ("job", "direction", "measure")]
+            if name != workload.name or not all(isinstance(word, str) for word in about):
+                continue
+            label = " \u00b7 ".join(about) + (f" ({cell.unit})" if cell.unit else "")
+            if all(line.metric != metric for line in lines):
+                lines.append(Line(label, name, metric))
+        if lines:
+            tables.append(
+                figure_table(
+                    ctx,
+                    f"io-jobs-{workload.name}",
+                    f"{workload.name}: each job and direction",
+                    "A row per job of the workload, direction of its I/O and measure; the footnotes say "
+                    f"how the page cache was kept out in each environment. {_reduction(ctx)}",
+                    lines,
+                    "job \u00b7 direction \u00b7 measure",
+                )
+            )
+    return tables
+
+
 def io_tables(results: Results | Mapping[str, Any]) -> list[Table]:
     """Every seed-shaped table the study's workloads call for, in the seeds' order; none without them."""
     return io_tables_of(ReportContext(Results.of(results)))
@@ -573,4 +603,5 @@ def io_tables_of(ctx: ReportContext) -> list[Table]:
     tables += [t for t in (disk_verdict_table(ctx),) if t is not None]
     tables += transfer_tables(ctx)
     tables += [t for t in (latency_table(ctx),) if t is not None]
+    tables += job_tables(ctx)
     return tables

@@ -12,6 +12,7 @@ from virtlab.workloads import (  # noqa: E402, F401
     database,
     dd,
     fio,
+    fio_job,
     fio_latency,
     hdparm,
     himeno,
