@@ -71,6 +71,7 @@ HEAVIEST_FIRST = (
     "test_command",
     "test_command_guest",
     "test_image_packages",
+    "test_fio_job",  # fio's example job files natively, in runc and a TCG VM (96 s)
     "test_priority",
     "test_numa_live_migration",
     "test_lab_three_hosts",
