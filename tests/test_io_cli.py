@@ -127,4 +127,4 @@ def test_a_tool_the_guest_image_lacks_is_refused_for_a_vm(guest_image, tmp_path)
     assert "stress_ng:" in listed.stdout  # the plugin is registered: the refusal below is the guest's
     message = refused(tmp_path, HEAD + VM + '[[workload]]\nname = "stress"\nkind = "stress_ng"\n', [plugins])
     assert "environment 'guest', workload 'stress': stress-ng is not in the guest image" in message
-    assert "add its Debian package to the image's packages" in message
+    assert "add the Debian package that brings it (stress-ng) to the plan's [image] packages" in message

@@ -361,6 +361,13 @@ def test_boots_and_runs_primes(vm):
 
 @needs_root
 @pytest.mark.slow
+def test_a_users_command_with_its_files_runs_here(vm):
+    # early in the module: later tests stop and kill the shared domain
+    check_command_runs(vm)
+
+
+@needs_root
+@pytest.mark.slow
 def test_starting_a_domain_does_not_probe_qemu_again(vm, libvirtd, conn):
     """libvirt's capability cache stays valid: a lookup after a domain started rewrites no file.
 
@@ -595,9 +602,3 @@ def test_a_libvirt_domain_on_virtlabs_bridge_is_refused_not_given_slirp():
     with pytest.raises(ValueError, match="does not join virtlab's own bridge; name a bridge of its host"):
         LibvirtOptions(network="bridge")
     assert LibvirtOptions().offers(BridgeNetwork) is None
-
-
-@needs_root
-@pytest.mark.slow
-def test_a_users_command_with_its_files_runs_here(vm):
-    check_command_runs(vm)

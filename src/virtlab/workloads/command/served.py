@@ -102,3 +102,6 @@ class ServedCommand(Command, PeerWorkload):
         if role != "server" or self.params.ready_line is None:
             return []
         return [["rm", "-f", "--", f"{self.params.workdir}/{READY_FILE.format(slot=slot)}"]]
+
+
+Command.served = ServedCommand

@@ -12,6 +12,7 @@ before every trial, untimed. A non-zero exit fails the trial with the command's 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,13 +48,18 @@ class Command(Workload):
         # The plan's tools, where a built-in workload names its own class-wide.
         self.tools = self.params.tools  # type: ignore[misc]
 
+    served: ClassVar[Callable[[CommandParams, Any], Workload] | None] = None
+    """What a command with a server is: ``served.ServedCommand``, which puts itself here when the
+    package is imported (it is a Command, so this module cannot import it)."""
+
     @classmethod
     def create(cls, params: WorkloadParams, peer_settings: Any = None) -> Workload:
         """A command with a server is a peer workload the cell serves (``served``)."""
-        from virtlab.workloads.command.served import ServedCommand
-
         assert isinstance(params, CommandParams)
-        return ServedCommand(params, peer_settings) if params.server else cls(params)
+        if params.server:
+            assert cls.served is not None, "virtlab.workloads.command imports served"
+            return cls.served(params, peer_settings)
+        return cls(params)
 
     def timed(self, bin_dir: str, argv: tuple[str, ...] | list[str], *options: str) -> list[str]:
         """``argv`` run by the timed kernel, in the command's directory, with its variables."""
