@@ -1098,8 +1098,6 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize("workload,where,problem", BAD_INPUT)
 def test_bad_input_is_refused_by_the_plan_parser_naming_the_key(workload, where, problem):
-    if "fio refuses" in problem and marks.missing("fio"):
-        pytest.skip("not installed: fio (scripts/setup.sh installs it)")
     with pytest.raises(InputError) as refused:
         parse_plan(plan_text(workload), "plan.toml", directory=DATA)
     message = refused.value.message()
