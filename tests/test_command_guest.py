@@ -11,6 +11,7 @@ import pytest
 
 from images import EXTRA_PACKAGES_TOML
 from marks import needs_root, needs_runc, needs_tools
+from virtlab.outputs import open_results_dir
 from virtlab_cli import virtlab
 
 PLAN = f"""
@@ -103,14 +104,12 @@ def test_a_package_s_benchmark_and_a_server_package_in_a_container_and_a_vm(tmp_
 
 
 def _first_trial_metadata(out, environment: str, workload: str) -> dict:
-    import sqlite3
-
-    with sqlite3.connect(out / "results.sqlite") as db:
-        (samples,) = db.execute(
-            "SELECT samples FROM trials WHERE environment = ? AND workload = ? ORDER BY trial LIMIT 1",
-            (environment, workload),
-        ).fetchone()
-    return json.loads(samples)[0]["metadata"]
+    store = open_results_dir(out)
+    first = min(
+        (r for r in store.trials() if (r.environment, r.workload) == (environment, workload)),
+        key=lambda r: r.trial,
+    )
+    return first.samples[0].metadata
 
 
 pytestmark = pytest.mark.slow
