@@ -6,6 +6,8 @@ the host by redis-benchmark."""
 from __future__ import annotations
 
 import json
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +108,43 @@ def test_a_service_on_loopback_ready_by_its_port_and_by_its_line(tmp_path):
     [never] = results["failures"]
     assert never["workload"] == "http-never" and "no line holding the ready text within 2 s" in never["error"]
     assert outcome.failed_cells == {("native", "http-never")}
+
+
+def test_the_server_serves_the_whole_cell_and_is_stopped_after_it(tmp_path):
+    """One server for every trial of the cell, warm-up included: each trial's client reads the
+    process id the server wrote when it started, and all of them read the same one; after the
+    study nothing listens on its port any more."""
+    pid_server = (
+        '[[workload]]\nname = "pid"\nkind = "command"\nready_port = 17387\n'
+        'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\" \\"$1\\"",'
+        ' "{address}", "{port}"]\n'
+        'argv = ["curl", "-sS", "http://{address}:{port}/server.pid"]\n'
+        '[[workload.metric]]\nname = "server_pid"\nbetter = "higher"\nregex = "^(\\\\d+)$"\n'
+    )
+    text = NATIVE.replace("trials = 2\nwarmups = 0", "trials = 3\nwarmups = 1") + pid_server
+    outcome = run_study(parse_plan(text, "s.toml"), tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    [pids] = [c["trials"] for c in results["cells"] if c["metric"] == "server_pid"]
+    assert len(pids) == 3 and len(set(pids)) == 1 and outcome.failed_cells == set()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", 17387)) != 0
+    assert not Path(f"/proc/{int(pids[0])}").exists()
+
+
+def test_a_failed_trial_stops_its_cells_server_and_keeps_its_output(tmp_path):
+    """The second trial's client fails: the cell fails there, its server is stopped at once (not at
+    the study's end), and the failure's log holds what the server printed (http.server's requests)."""
+    failing = (
+        '[[workload]]\nname = "fails"\nkind = "command"\nready_port = 17388\n'
+        'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\" \\"$1\\"",'
+        ' "{address}", "{port}"]\n'
+        'argv = ["sh", "-c", "curl -sS http://$0:$1/server.pid && if [ -e once ]; then exit 3; fi; touch once",'
+        ' "{address}", "{port}"]\n'
+    )
+    outcome = run_study(parse_plan(NATIVE + failing, "s.toml"), tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    [failure] = results["failures"]
+    assert outcome.failed_cells == {("native", "fails")} and failure["trial"] == 1
+    assert "=== server in native ===" in failure["log"] and "GET /server.pid" in failure["log"]
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", 17388)) != 0

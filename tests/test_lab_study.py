@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sqlite3
 import subprocess
 import threading
@@ -383,3 +384,46 @@ def test_per_host_baselines_and_each_host_s_facts_reach_results_json_and_the_rep
     assert "No difference between the hosts in CPU model" in report
     html = (out / "report.html").read_text()
     assert '<th scope="colgroup" colspan="2">fleet-1</th>' in html and 'id="hosts"' in html
+
+
+def test_a_users_command_and_a_users_service_run_on_lab_hosts(lab, tmp_path):
+    """The command workload on fleet hosts: a script copied in through ``files`` and measured on
+    each host, and a service on fleet-2 (python's http.server) measured by its own client (curl)
+    from fleet-1 over fleet-2's own address, the server kept for the cell's trials."""
+    data = Path(__file__).resolve().parent / "data" / "command"
+    text = (
+        f'inventory = "{lab.inventory}"\n\n'
+        '[study]\nname = "own"\ntrials = 2\nwarmups = 1\nbaseline = "one"\n\n'
+        '[[environment]]\nname = "one"\nkind = "native"\nhost = "fleet-1"\nbuild = "copy"\n\n'
+        '[[environment]]\nname = "two"\nkind = "native"\nhost = "fleet-2"\nbuild = "copy"\n\n'
+        '[[workload]]\nname = "script"\nkind = "command"\nargv = ["./bench.sh"]\n'
+        'files = ["bench.sh", "data"]\nenv = { LOOPS = "3000" }\n'
+        'prepare = [["sh", "-c", ": > before-each.log"]]\n'
+        'before_each = [["sh", "-c", "echo x >> before-each.log"]]\n'
+        '[[workload.metric]]\nname = "score"\nunit = "ops"\nbetter = "higher"\n'
+        'regex = "score: (\\\\d+) ops"\n\n'
+        '[[workload]]\nname = "service"\nkind = "command"\nready_port = 17389\n'
+        'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\"'
+        ' \\"$1\\"",'
+        ' "{address}", "{port}"]\n'
+        'argv = ["curl", "-sS", "http://{address}:{port}/server.pid"]\n'
+        '[[workload.metric]]\nname = "server_pid"\nbetter = "higher"\nregex = "^(\\\\d+)$"\n'
+    )
+    shutil.copy2(data / "bench.sh", tmp_path)
+    shutil.copytree(data / "data", tmp_path / "data")
+    out = tmp_path / "out"
+    outcome = run_study(parse_plan(text, "own.toml", directory=tmp_path), out)
+    assert outcome.exit_code == 0 and not outcome.failed_cells
+    cells = {
+        (c["environment"], c["workload"], c["metric"]): c
+        for c in json.loads((out / "results.json").read_text())["cells"]
+    }
+    for host in ("one", "two"):
+        assert cells[(host, "script", "score")]["trials"] == [30.0, 30.0]
+        assert all(0 < value < 60 for value in cells[(host, "script", "elapsed_s")]["trials"])
+    served = cells[("two", "service", "server_pid")]
+    assert (
+        served["context"]["path"] == "network" and served["context"]["address"] == lab.host("fleet-2").address
+    )
+    assert (served["context"]["client"], served["context"]["server"]) == ("one", "two")
+    assert len(set(served["trials"])) == 1  # one server for the warm-up and both trials

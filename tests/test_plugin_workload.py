@@ -1,6 +1,6 @@
 """Third-party workload kinds through the ``virtlab.workloads`` entry point group: the example
-package of docs/plugins.md installed by pip into a directory of its own, seen by ``virtlab
-workloads`` and measured by ``virtlab run`` in a fresh interpreter whose PYTHONPATH holds it; a
+package of docs/plugins.md installed by pip into a venv made for it, seen by ``virtlab
+workloads`` and measured by ``virtlab run`` run by that venv's interpreter; a
 plugin that cannot be imported is one message, and costs only the plans that name it."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from importlib import metadata
@@ -61,29 +62,42 @@ def wheel_of(package: Path, out: Path) -> Path:
     return wheel
 
 
-def pip_install(package: Path, target: Path) -> None:
-    """``package`` installed by pip into ``target`` (not into the venv: a PYTHONPATH entry)."""
+def new_venv(venv: Path) -> Path:
+    """A venv of its own, made here, that sees this venv's packages (virtlab and what it needs)
+    through a ``.pth`` file, so that a plugin is installed into a venv as a user installs one and
+    this one stays as it was; returns its interpreter."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    [site] = (venv / "lib").glob("python3*/site-packages")
+    (site / "virtlab-under-test.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv / "bin" / "python"
+
+
+def pip_install(package: Path, python: Path) -> None:
+    """``package`` installed by pip into the venv of ``python``."""
     wheel = wheel_of(package, package)
-    pip = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install"]
     done = subprocess.run(
-        [*pip, "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=300
+        [*pip, "--no-index", "--no-deps", "--quiet", str(wheel)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example plugin of docs/plugins.md installed into a directory of its own."""
+    """The example plugin of docs/plugins.md installed into a venv of its own: its interpreter."""
     root = tmp_path_factory.mktemp("plugin")
     package = shutil.copytree(EXAMPLE, root / "virtlab-example-plugin")
-    pip_install(package, root / "site")
-    return root / "site"
+    python = new_venv(root / "venv")
+    pip_install(package, python)
+    return python
 
 
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A plugin whose module fails to import, installed as the example is."""
+    """A venv with the example and beside it a plugin whose module fails to import: its interpreter."""
     root = tmp_path_factory.mktemp("broken")
+    python = new_venv(root / "venv")
+    pip_install(shutil.copytree(EXAMPLE, root / "virtlab-example-plugin"), python)
     package = root / "virtlab-broken-plugin"
     package.mkdir()
     (package / "virtlab_broken_plugin.py").write_text(BROKEN_MODULE)
@@ -92,8 +106,8 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
         '[project.entry-points."virtlab.workloads"]\nbroken_kind = "virtlab_broken_plugin:Broken"\n'
         '[tool.setuptools]\npy-modules = ["virtlab_broken_plugin"]\n'
     )
-    pip_install(package, root / "site")
-    return root / "site"
+    pip_install(package, python)
+    return python
 
 
 def plan_file(directory: Path, kind: str, body: str = "") -> Path:
@@ -113,24 +127,25 @@ def test_the_doc_shows_the_example_package_as_it_is():
 
 
 def test_pip_installed_the_entry_point(installed):
-    [dist] = metadata.distributions(path=[str(installed)])
+    [site] = (installed.parents[1] / "lib").glob("python3*/site-packages")
+    [dist] = metadata.distributions(path=[str(site)])
     [entry_point] = dist.entry_points.select(group="virtlab.workloads")
     assert (entry_point.name, entry_point.value) == ("shell_loop", "virtlab_example_plugin:ShellLoop")
 
 
 def test_virtlab_workloads_lists_the_plugin_with_its_parameters(installed):
-    done = virtlab("workloads", path=[installed])
+    done = virtlab("workloads", python=installed)
     assert done.returncode == 0, done.stderr
     assert "shell_loop: how fast /bin/sh counts" in done.stdout
     assert "    loops (default 100000): how far the shell counts" in done.stdout
     assert "pi:" in done.stdout  # the built-in kinds beside it
-    assert "shell_loop" not in virtlab("workloads").stdout  # not without its PYTHONPATH
+    assert "shell_loop" not in virtlab("workloads").stdout  # not in the venv it was not installed in
 
 
 def test_a_plan_of_the_plugin_s_kind_runs_and_its_figure_is_in_the_results(installed, tmp_path):
     out = tmp_path / "out"
     plan = plan_file(tmp_path, "shell_loop", "loops = 3000\n")
-    done = virtlab("run", str(plan), "--out", str(out), "--quiet", path=[installed])
+    done = virtlab("run", str(plan), "--out", str(out), "--quiet", python=installed)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((out / "results.json").read_text())
     assert results["failures"] == []
@@ -142,9 +157,8 @@ def test_a_plan_of_the_plugin_s_kind_runs_and_its_figure_is_in_the_results(insta
     assert all(value > 0 for value in cell["trials"])
 
 
-def test_a_plugin_that_fails_to_import_is_one_message(installed, broken, tmp_path):
-    both = [installed, broken]
-    done = virtlab("workloads", path=both)
+def test_a_plugin_that_fails_to_import_is_one_message(broken, tmp_path):
+    done = virtlab("workloads", python=broken)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "shell_loop:" in done.stdout and "pi:" in done.stdout  # the others are still listed
     assert (
@@ -154,10 +168,10 @@ def test_a_plugin_that_fails_to_import_is_one_message(installed, broken, tmp_pat
         "virtlab-broken-plugin"
     ) in done.stderr
     # A plan naming it is refused with that message; one that does not is not disturbed.
-    done = virtlab("run", "--check", str(plan_file(tmp_path, "broken_kind")), path=both)
+    done = virtlab("run", "--check", str(plan_file(tmp_path, "broken_kind")), python=broken)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "workload plugin 'broken_kind': cannot be loaded" in done.stderr
-    done = virtlab("run", "--check", str(plan_file(tmp_path, "shell_loop")), path=both)
+    done = virtlab("run", "--check", str(plan_file(tmp_path, "shell_loop")), python=broken)
     assert done.returncode == 0, done.stderr
 
 

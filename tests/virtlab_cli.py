@@ -19,10 +19,16 @@ def cli_env(path: Sequence[Path] = ()) -> dict[str, str]:
 
 
 def virtlab(
-    *args: str, cwd: Path | None = None, timeout: float = 300, path: Sequence[Path] = ()
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    path: Sequence[Path] = (),
+    python: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``python``: another interpreter than this one (a venv a plugin was installed into)."""
+    cli = [str(python), "-m", "virtlab"] if python is not None else CLI
     return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, env=cli_env(path), cwd=cwd, timeout=timeout
+        [*cli, *args], capture_output=True, text=True, env=cli_env(path), cwd=cwd, timeout=timeout
     )
 
 

@@ -36,7 +36,7 @@ from virtlab.study.base import GRID, Study, StudyShape
 from virtlab.study.lanes import run_by_host
 from virtlab.study.measure import before_trial, error_log, measure_inside, stage
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
-from virtlab.study.peers import measure_peers
+from virtlab.study.peers import CellServers, measure_peers
 from virtlab.study.preflight import no_room, preflight
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
 from virtlab.workloads import Workload
@@ -73,6 +73,10 @@ class GridStudy(Study):
         self._usage_lock = threading.Lock()
         self._staged: set[Cell] = set()
         """The cells whose workload's files and prepare commands are in place in their environment."""
+        self._cell_servers: dict[Cell, CellServers] = {}
+        """The servers kept running from a cell's first trial to its last (``server_per_cell``)."""
+        self._serving_bound_s = 0.0
+        """The longest the trials still planned can take: a kept server's own bound."""
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
             (env.name, w.name)
@@ -103,6 +107,7 @@ class GridStudy(Study):
         self._run_rounds()
 
     def release(self) -> None:
+        self._stop_cell_servers(set(self._cell_servers))
         self._teardown_all()
         self._store_usage(final=True)
 
@@ -417,7 +422,13 @@ class GridStudy(Study):
         return spreads
 
     def _run_tasks(self, rounds: list[list[Task]]) -> None:
-        for tasks in rounds:
+        last_round = {task.cell: index for index, tasks in enumerate(rounds) for task in tasks}
+        self._serving_bound_s = sum(
+            self.workloads[task.workload].workload.timeout_s + SERVING_MARGIN_S
+            for tasks in rounds
+            for task in tasks
+        )
+        for index, tasks in enumerate(rounds):
             run_by_host(
                 tasks,
                 self._hosts_of,
@@ -426,6 +437,7 @@ class GridStudy(Study):
                 self._starting,
                 self._store,
             )
+            self._stop_cell_servers({cell for cell, last in last_round.items() if last <= index})
             if self._rewrite.due():
                 self._store_usage()
                 write_outputs(self.out_dir, self.store, reports=False)
@@ -564,7 +576,31 @@ class GridStudy(Study):
         for name in names:
             self._stage((name, workload_name), self.environments[name], workload)
         before_trial(self.environments[cell], workload)
-        return measure_peers(self.environments, links, workload)
+        if not workload.server_per_cell:
+            return measure_peers(self.environments, links, workload)
+        key = (cell, workload_name)
+        servers = self._cell_servers.get(key)
+        if servers is None:
+            kept = workload.serving_for(self._serving_bound_s)
+            servers = self._cell_servers[key] = CellServers.start(self.environments, links, kept)
+        try:
+            return servers.measure()
+        except TrialFailure:
+            del self._cell_servers[key]  # measure() stopped them: the cell has failed
+            raise
+
+    def _stop_cell_servers(self, cells: set[Cell]) -> None:
+        """The kept servers of ``cells`` stopped after their last trial; a clean-up that fails is
+        stored as the cell's failure (a leftover would change what runs next), the trials kept."""
+        for cell in sorted(cells & set(self._cell_servers)):
+            _, leftovers = self._cell_servers.pop(cell).stop()
+            for message, log in leftovers:
+                self.store.add_failure(FailureRecord(*cell, None, "cleanup", message, log, time.time()))
+                self.progress.note(f"FAILED {cell[1]} @ {cell[0]} (after its trials): {message}")
+
+
+SERVING_MARGIN_S = 60.0
+"""Per trial still planned, beyond its timeout, in a kept server's bound: warm-ups, set-up, a slow guest."""
 
 
 @dataclass

@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from virtlab import ports
@@ -41,84 +41,171 @@ def measure_peers(
     the servers started, the clients run at once (each trying again while its server comes up), the
     servers stopped, the clean-up run, the clients' outputs parsed and combined; a failure anywhere
     is the trial's, with the logs of both sides."""
+    servers = CellServers.start(environments, links, workload)
     try:
-        slots, lease = ports.lease_slots(workload.ports, len(links), workload.slot_count())
-    except ports.PortsBusy as busy:
-        if workload.settings.ports is not None:
-            first, last = workload.settings.ports
-            held = f'[study] peer_ports = "{first}-{last}" holds them all'
-            raise TrialFailure(f"{busy}; {held}", "") from None
-        raise TrialFailure(str(busy), "") from None
-    try:
+        results = servers.run_clients()
+    except TrialFailure:
+        servers.stop()
+        raise
+    stopped, leftovers = servers.stop()
+    return servers.judged(results, stopped, leftovers)
+
+
+@dataclass
+class CellServers:
+    """A network workload's servers while they run: started for one trial (``measure_peers``), or,
+    for a workload whose server is the cell's own service (``server_per_cell``), from the cell's
+    first trial to its last (``measure`` once per trial, ``stop`` after the cell)."""
+
+    environments: Mapping[str, Environment]
+    links: list[Link]
+    workload: PeerWorkload
+    lease: ports.Lease
+    addresses: dict[Link, str] = field(default_factory=dict)
+    places: dict[Link, ServerPlace] = field(default_factory=dict)
+    running: list[tuple[Link, BackgroundCommand]] = field(default_factory=list)
+    prepared: list[tuple[str, Role, int]] = field(default_factory=list)
+    """The sides whose clean-up is due."""
+
+    @classmethod
+    def start(
+        cls, environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
+    ) -> CellServers:
+        """The ports leased, both sides of every link prepared, the servers started and ready; on a
+        failure everything started is stopped and cleaned up again, and the failure raised."""
+        try:
+            slots, lease = ports.lease_slots(workload.ports, len(links), workload.slot_count())
+        except ports.PortsBusy as busy:
+            if workload.settings.ports is not None:
+                first, last = workload.settings.ports
+                held = f'[study] peer_ports = "{first}-{last}" holds them all'
+                raise TrialFailure(f"{busy}; {held}", "") from None
+            raise TrialFailure(str(busy), "") from None
         # The slots this trial holds, in place of the ones its links were planned with.
-        return _measure_links(
-            environments, [replace(link, slot=s) for link, s in zip(links, slots, strict=True)], workload
-        )
-    finally:
-        lease.release()
+        links = [replace(link, slot=s) for link, s in zip(links, slots, strict=True)]
+        servers = cls(environments, links, workload, lease)
+        try:
+            servers._start()
+        except (TrialFailure, EnvironmentError_, OSError, NotImplementedError) as error:
+            stopped, _ = servers.stop()
+            if isinstance(error, TrialFailure):
+                message, log, phase = str(error), error.log, error.phase
+            else:
+                message, log, phase = f"environment error: {error}", error_log(error), "run"
+            logs = [log, *(_server_log(link, result) for link, _, result in stopped)]
+            raise TrialFailure(message, "\n".join(logs), phase) from None
+        except BaseException:
+            servers.stop()
+            raise
+        return servers
 
-
-def _measure_links(
-    environments: Mapping[str, Environment], links: list[Link], workload: PeerWorkload
-) -> list[Sample]:
-    servers: list[tuple[Link, BackgroundCommand]] = []
-    stopped: list[tuple[Link, bool, CommandResult]] = []  # link, ended before stop(), result
-    prepared: list[tuple[str, Role, int]] = []  # the sides whose clean-up is due
-    try:
-        addresses = {link: _server_address(environments, link) for link in links}
-        places = {link: _server_place(environments, link) for link in links if workload.client_knows_server}
-        for link in links:
+    def _start(self) -> None:
+        environments, workload = self.environments, self.workload
+        self.addresses = {link: _server_address(environments, link) for link in self.links}
+        if workload.client_knows_server:
+            self.places = {link: _server_place(environments, link) for link in self.links}
+        for link in self.links:
             for name, role in ((link.server, "server"), (link.client, "client")):
-                prepared.append((name, role, link.slot))
+                self.prepared.append((name, role, link.slot))
                 _prepare(environments[name], name, workload, role, link.slot)
-        for link in links:
+        for link in self.links:
             server = environments[link.server]
-            for argv in workload.server_commands(server.bin_dir, link.slot, bind=addresses[link]):
-                servers.append((link, server.start(argv)))
-        for link in links:
+            for argv in workload.server_commands(server.bin_dir, link.slot, bind=self.addresses[link]):
+                self.running.append((link, server.start(argv)))
+        for link in self.links:
             for name, role in ((link.server, "server"), (link.client, "client")):
                 _run_step(environments[name], name, role, workload.ready_commands(role, link.slot))
 
-        def client(link: Link) -> CommandResult:
-            own = [command for where, command in servers if where == link]
-            place = places.get(link)
-            return _run_client(environments[link.client], link, workload, addresses[link], own, place)
+    def run_clients(self) -> list[CommandResult]:
+        """Every link's client at once, against its running server."""
 
-        with ThreadPoolExecutor(max_workers=len(links)) as pool:
-            results = list(pool.map(client, links))
-    except (EnvironmentError_, OSError, NotImplementedError) as error:
-        raise TrialFailure(f"environment error: {error}", error_log(error)) from None
-    finally:
-        stopped = [(link, not command.running(), command.stop(SERVER_STOP_S)) for link, command in servers]
-        leftovers = _clean_up(environments, workload, prepared)
-    parsed = []
-    for link, result in zip(links, results, strict=True):
-        own = [(ended, server) for where, ended, server in stopped if where == link]
-        log = _peer_log(link, result, [server for _, server in own])
-        where = f"client in {link.client} -> server in {link.server}"
-        if not result.ok:
-            reason = workload.unavailable(result, [server for _, server in own])
-            if reason is not None:
-                raise TrialFailure(f"{reason}; {where}", log, UNAVAILABLE)
-        if result.timed_out:
-            raise TrialFailure(f"{where}: timed out after {workload.timeout_s:g} s", log)
-        if workload.not_listening(result.stdout, result.stderr):
-            ended = [f"exit status {server.exit_code}" for early, server in own if early]
-            why = f"the server ended ({', '.join(ended)})" if ended else f"within {LISTEN_WAIT_S:g} s"
-            raise TrialFailure(f"{where}: no server listening: {why}", log)
-        if result.exit_code != 0:
-            raise TrialFailure(f"{where}: exit status {result.exit_code}", log)
+        def client(link: Link) -> CommandResult:
+            own = [command for where, command in self.running if where == link]
+            environment = self.environments[link.client]
+            return _run_client(
+                environment, link, self.workload, self.addresses[link], own, self.places.get(link)
+            )
+
         try:
-            samples = workload.parse(result.stdout)
-        except ParseError as error:
-            raise TrialFailure(f"{where}: output not understood: {error}", log) from None
-        path = "loopback" if link.client == link.server else "network"
-        info = {"client": link.client, "server": link.server, "address": addresses[link], "path": path}
-        parsed.append((info, samples))
-    if leftovers:
-        message, log = leftovers[0]
-        raise TrialFailure(message, "\n".join(log for _, log in leftovers))
-    return combine(parsed)
+            with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
+                return list(pool.map(client, self.links))
+        except (EnvironmentError_, OSError, NotImplementedError) as error:
+            raise TrialFailure(f"environment error: {error}", error_log(error)) from None
+
+    def measure(self) -> list[Sample]:
+        """One trial against the servers started before it, which keep running when it succeeds;
+        when it fails they are stopped (the cell fails, and their output is its log's)."""
+        results = self.run_clients_or_stop()
+        try:
+            return self.judged(results, [], [])
+        except TrialFailure:
+            stopped, leftovers = self.stop()
+            return self.judged(results, stopped, leftovers)
+
+    def run_clients_or_stop(self) -> list[CommandResult]:
+        try:
+            return self.run_clients()
+        except TrialFailure as failure:
+            stopped, _ = self.stop()
+            logs = [failure.log, *(_server_log(link, result) for link, _, result in stopped)]
+            raise TrialFailure(str(failure), "\n".join(logs), failure.phase) from None
+
+    def stop(self) -> tuple[list[tuple[Link, bool, CommandResult]], list[tuple[str, str]]]:
+        """The servers stopped, every prepared side cleaned up and the ports given back: returns each
+        server's (link, whether it had ended before, result) and the clean-up's failures as
+        (message, log). It never raises, and a second call has nothing left to do."""
+        try:
+            stopped = [
+                (link, not command.running(), command.stop(SERVER_STOP_S)) for link, command in self.running
+            ]
+            leftovers = _clean_up(self.environments, self.workload, self.prepared)
+        finally:
+            self.running, self.prepared = [], []
+            self.lease.release()
+        return stopped, leftovers
+
+    def judged(
+        self,
+        results: list[CommandResult],
+        stopped: list[tuple[Link, bool, CommandResult]],
+        leftovers: list[tuple[str, str]],
+    ) -> list[Sample]:
+        """The clients' outputs parsed and combined, or the trial's failure with the logs of both
+        sides (``stopped``: the servers' results, none while they still run)."""
+        workload = self.workload
+        parsed = []
+        for link, result in zip(self.links, results, strict=True):
+            own = [(ended, server) for where, ended, server in stopped if where == link]
+            log = _peer_log(link, result, [server for _, server in own])
+            where = f"client in {link.client} -> server in {link.server}"
+            if not result.ok:
+                reason = workload.unavailable(result, [server for _, server in own])
+                if reason is not None:
+                    raise TrialFailure(f"{reason}; {where}", log, UNAVAILABLE)
+            if result.timed_out:
+                raise TrialFailure(f"{where}: timed out after {workload.timeout_s:g} s", log)
+            if workload.not_listening(result.stdout, result.stderr):
+                ended = [f"exit status {server.exit_code}" for early, server in own if early]
+                why = f"the server ended ({', '.join(ended)})" if ended else f"within {LISTEN_WAIT_S:g} s"
+                raise TrialFailure(f"{where}: no server listening: {why}", log)
+            if result.exit_code != 0:
+                raise TrialFailure(f"{where}: exit status {result.exit_code}", log)
+            try:
+                samples = workload.parse(result.stdout)
+            except ParseError as error:
+                raise TrialFailure(f"{where}: output not understood: {error}", log) from None
+            path = "loopback" if link.client == link.server else "network"
+            info = {
+                "client": link.client,
+                "server": link.server,
+                "address": self.addresses[link],
+                "path": path,
+            }
+            parsed.append((info, samples))
+        if leftovers:
+            message, log = leftovers[0]
+            raise TrialFailure(message, "\n".join(log for _, log in leftovers))
+        return combine(parsed)
 
 
 def _prepare(environment: Environment, name: str, workload: PeerWorkload, role: Role, slot: int) -> None:
@@ -218,6 +305,9 @@ def _run_client(
 
 def _peer_log(link: Link, client: CommandResult, servers: list[CommandResult]) -> str:
     parts = [f"=== client in {link.client} ===", client.log()]
-    for server in servers:
-        parts += [f"=== server in {link.server} ===", server.log()]
+    parts += [_server_log(link, server) for server in servers]
     return "\n".join(parts)
+
+
+def _server_log(link: Link, server: CommandResult) -> str:
+    return f"=== server in {link.server} ===\n{server.log()}"

@@ -60,7 +60,7 @@ or database server in it), all optional:
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -180,6 +180,9 @@ class PeerWorkload(Workload):
     """True: the cell runs the server and the peer (default the baseline) the client."""
     client_knows_server: ClassVar[bool] = False
     """True: ``client_command`` gets ``server=ServerPlace(...)`` of the server side."""
+    server_per_cell: ClassVar[bool] = False
+    """True: the servers start before the cell's first trial and stop after its last (a service and
+    its load generator: the service's warm state belongs to the cell), not around every trial."""
 
     def __init__(self, params: WorkloadParams | None = None, settings: PeerSettings | None = None) -> None:
         super().__init__(params)
@@ -191,6 +194,12 @@ class PeerWorkload(Workload):
 
     def rebuilt(self, params: WorkloadParams) -> PeerWorkload:
         return type(self)(params, self.settings)
+
+    def serving_for(self, seconds: float) -> PeerWorkload:
+        """This workload with its servers' own bound (``bounded``) at least ``seconds``: a server
+        kept for a whole cell outlives one trial's bound."""
+        bound = max(seconds, self.settings.server_timeout_s or 0)
+        return type(self)(self.params, replace(self.settings, server_timeout_s=bound))
 
     # -- the programs ------------------------------------------------------------------
     @abstractmethod

@@ -2,12 +2,14 @@
 built-in web and database workloads as a plan instead of code, so that ``redis-server`` against
 ``redis-benchmark``, or a team's own service against its load generator, is measured like them.
 
-The environment measured (the cell) runs the server, started before each trial in the background
-and stopped after it (the peer protocol, ``virtlab.study.peers``); the client, ``argv``, runs from
-``peer`` (default the study's baseline, native) under the ``timed`` kernel, and is what the figures
-are of. ``{address}`` and ``{port}`` are replaced in both argument lists: the server's address as
-the client reaches it (and as the server binds it), and its port, leased host-wide like every
-server's (``ready_port``, or the next ones for clients at once; 17300 when only a line is awaited).
+The environment measured (the cell) runs the server, started in the background before the cell's
+first trial and stopped after its last (``server_per_cell``: the peer protocol's ``CellServers``,
+``virtlab.study.peers``), so that a service is measured warm, as a user runs it; the client,
+``argv``, runs from ``peer`` (default the study's baseline, native) under the ``timed`` kernel, and
+is what the figures are of. ``{address}`` and ``{port}`` are replaced in both argument lists: the
+server's address as the client reaches it (and as the server binds it), and its port, leased
+host-wide like every server's (``ready_port``, or the next ones for clients at once, or for cells
+whose servers run at once; 17300 when only a line is awaited).
 
 Ready means: ``ready_port`` accepts a connection (the client's ``timed`` waits for it, from where
 the client runs, before its clock starts), or a line of the server's output holds ``ready_line``
@@ -48,6 +50,7 @@ class ServedCommand(Command, PeerWorkload):
     """A command workload with a server: a peer workload the cell serves."""
 
     served_by_cell: ClassVar[bool] = True
+    server_per_cell: ClassVar[bool] = True
     params: CommandParams
 
     def __init__(self, params: WorkloadParams | None = None, settings: PeerSettings | None = None) -> None:
