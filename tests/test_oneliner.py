@@ -302,6 +302,15 @@ def test_a_native_study_of_one_command_kept_and_resumed(tmp_path):
     assert after[2] not in before
     assert cells_of(out, "sh")[("native", "speed")]["n"] == 3
 
+    # A trial lost from the middle (removed by hand): --resume runs that one again under its number.
+    kept_rows = [row for row in trial_rows(out) if row[2] == "sh" and row[3] != 1]
+    with sqlite3.connect(out / "results.sqlite") as db:
+        db.execute("DELETE FROM trials WHERE workload = 'sh' AND trial = 1")
+    done = virtlab("run", "--resume", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = sorted((row for row in trial_rows(out) if row[2] == "sh"), key=lambda row: row[3])
+    assert [row[3] for row in after] == [0, 1, 2] and [after[0], after[2]] == kept_rows
+
     # The same --command again with --resume is the same plan; another one is refused.
     done = virtlab("run", "--command", command, "--in", "native", "--metric", METRIC, "--trials", "3",
                    "--out", str(out), "--resume", "--quiet", cwd=tmp_path)  # fmt: skip

@@ -1,4 +1,4 @@
-from virtlab.schedule import Task, cells_needing_more, plan_rounds
+from virtlab.schedule import Task, cells_needing_more, next_trial, plan_rounds
 
 CELLS = [("native", "pi"), ("vm", "pi"), ("native", "stream"), ("vm", "stream")]
 
@@ -13,7 +13,7 @@ def test_rounds_interleave_every_cell_before_the_next_trial():
 
 
 def test_resume_skips_stored_trials_and_complete_cells():
-    done = {("native", "pi"): 3, ("vm", "pi"): 1}
+    done = {("native", "pi"): {0, 1, 2}, ("vm", "pi"): {0}}
     rounds = plan_rounds(CELLS, done, trials=3, warmups=1)
     # the complete cell gets no warm-up and no trial; vm/pi continues at its 2nd trial
     assert ("native", "pi") not in {task.cell for tasks in rounds for task in tasks}
@@ -33,10 +33,22 @@ def test_shuffle_is_a_seeded_permutation_of_each_round():
 
 
 def test_nothing_to_do_when_all_cells_are_complete():
-    assert plan_rounds(CELLS, dict.fromkeys(CELLS, 5), trials=5, warmups=2) == []
+    assert plan_rounds(CELLS, dict.fromkeys(CELLS, {0, 1, 2, 3, 4}), trials=5, warmups=2) == []
 
 
 def test_adaptive_picks_only_noisy_cells_below_the_limit():
     spreads = {("native", "pi"): 0.10, ("vm", "pi"): 0.01, ("native", "stream"): 0.2, ("vm", "stream"): None}
     counts = {("native", "pi"): 5, ("vm", "pi"): 5, ("native", "stream"): 20}
     assert cells_needing_more(spreads, counts, target_cov_pct=5, limit=20) == [("native", "pi")]
+
+
+def test_resume_fills_in_a_trial_missing_from_the_middle():
+    """Trial 1 of native/pi removed by hand: it is run again under its own number, nothing else of
+    that cell is (its trials 0 and 2 stay), and it still gets its warm-up first."""
+    done = {cell: {0, 1, 2} for cell in CELLS} | {("native", "pi"): {0, 2}}
+    rounds = plan_rounds(CELLS, done, trials=3, warmups=1)
+    assert rounds == [[Task("native", "pi", None)], [Task("native", "pi", 1)]]
+
+
+def test_a_cells_next_trial_comes_after_its_highest_stored_one():
+    assert next_trial({0, 2}) == 3 and next_trial({0, 1}) == 2 and next_trial(set()) == 0

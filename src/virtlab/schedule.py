@@ -8,7 +8,7 @@ environment alike instead of whichever ran last. Warm-ups come first and are not
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,7 +37,7 @@ def pending_cells(cells: Sequence[Cell], done: Mapping[Cell, int], trials: int) 
 
 def plan_rounds(
     cells: Sequence[Cell],
-    done: Mapping[Cell, int],
+    stored: Mapping[Cell, Collection[int]],
     trials: int,
     warmups: int,
     order: Literal["interleave", "shuffle"] = "interleave",
@@ -45,21 +45,29 @@ def plan_rounds(
 ) -> list[list[Task]]:
     """Rounds of tasks bringing every cell to ``trials`` counted trials.
 
-    ``cells`` are in workload-major order (each workload across all environments),
-    ``done`` counts the trials already stored; cells that are complete get no warm-up.
+    ``cells`` are in workload-major order (each workload across all environments), ``stored``
+    holds the numbers of the trials already stored: round k runs trial k of every cell that lacks
+    it, so a resumed study fills in exactly what is missing (a trial removed from the middle too);
+    cells that are complete get no warm-up.
     """
-    pending = pending_cells(cells, done, trials)
+    counts = {cell: len(numbers) for cell, numbers in stored.items()}
+    pending = pending_cells(cells, counts, trials)
     rounds: list[list[Task]] = [
         [Task(env, workload, None) for env, workload in pending] for _ in range(warmups)
     ]
     for index in range(trials):
-        tasks = [Task(env, wl, index) for env, wl in pending if done.get((env, wl), 0) <= index]
+        tasks = [Task(env, wl, index) for env, wl in pending if index not in stored.get((env, wl), ())]
         if tasks:
             rounds.append(tasks)
     if order == "shuffle":
         for number, tasks in enumerate(rounds):
             random.Random(seed * 1_000_003 + number).shuffle(tasks)
     return [tasks for tasks in rounds if tasks]
+
+
+def next_trial(stored: Collection[int]) -> int:
+    """The number of a cell's next trial beyond those stored."""
+    return max(stored, default=-1) + 1
 
 
 def cells_needing_more(

@@ -154,6 +154,13 @@ class ResultStore:
             return None
         return int(row[0])
 
+    def trial_numbers(self) -> dict[tuple[str, str], set[int]]:
+        """Each cell's stored trial numbers."""
+        numbers: dict[tuple[str, str], set[int]] = {}
+        for env, workload, trial in self._db.execute("SELECT environment, workload, trial FROM trials"):
+            numbers.setdefault((env, workload), set()).add(trial)
+        return numbers
+
     def trial_counts(self) -> dict[tuple[str, str], int]:
         rows = self._db.execute(
             "SELECT environment, workload, COUNT(*) FROM trials GROUP BY environment, workload"

@@ -29,7 +29,7 @@ from virtlab.hosts import LOCAL_NAME
 from virtlab.outputs import Throttle, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.samples import Sample
-from virtlab.schedule import Cell, Task, cells_needing_more, pending_cells, plan_rounds
+from virtlab.schedule import Cell, Task, cells_needing_more, next_trial, pending_cells, plan_rounds
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
@@ -384,7 +384,7 @@ class GridStudy(Study):
         study = self.plan.study
         rounds = plan_rounds(
             self._runnable(),
-            self.store.trial_counts(),
+            self.store.trial_numbers(),
             study.first_trials,
             study.warmups,
             study.order,
@@ -401,7 +401,8 @@ class GridStudy(Study):
             extra = [cell for cell in extra if cell not in done]
             if not extra:
                 return
-            tasks = [Task(env, wl, counts[(env, wl)]) for env, wl in extra]
+            numbers = self.store.trial_numbers()
+            tasks = [Task(env, wl, next_trial(numbers[(env, wl)])) for env, wl in extra]
             self.progress.add_total(len(tasks))
             self._run_tasks([tasks])
 
