@@ -13,12 +13,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from virtlab.environments import engine_container as ec
 from virtlab.environments import oci_image as oi
 from virtlab.environments.engine_container import EngineContainerEnvironment
 from virtlab.image import GuestImage
+from virtlab.study.measure import measure_inside
+from virtlab.study.outcome import TrialFailure
 from virtlab.workloads.dd import Dd, DdParams
 from virtlab.workloads.primes import Primes, PrimesParams
+from virtlab.workloads.stream import Stream, StreamParams
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MiB = 2**20
@@ -63,6 +68,16 @@ def check_limits_seen_inside(box: EngineContainerEnvironment) -> None:
     # what the host sees of the same container: its own cgroup, as the sampler and controls read it
     quota = Path(box.cgroup_paths["cpu"]) / "cpu.cfs_quota_us"
     assert int(quota.read_text()) == 100_000
+
+
+def check_an_oom_kill_is_named(box: EngineContainerEnvironment) -> None:
+    """A box with memory_mb=256: three arrays of 16M doubles (384 MiB) do not fit, and the trial's
+    failure names the OOM kill under that limit (the engine's cgroup's own count)."""
+    with pytest.raises(TrialFailure) as caught:
+        measure_inside(box, Stream(StreamParams(array_size=16_000_000, repetitions=2)))
+    assert caught.value.phase == "oom" and "OOM killer" in str(caught.value)
+    assert f"memory_mb = 256 of {box.name}" in str(caught.value)
+    assert inside(box, "true") == ""  # the container itself lives on
 
 
 def check_manifest(box: EngineContainerEnvironment, engine: str) -> None:

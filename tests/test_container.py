@@ -21,10 +21,13 @@ from pydantic import ValidationError
 from marks import needs_runc
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_, runc
 from virtlab.environments import container as ct
+from virtlab.environments.abilities import cgroup_oom_kills
 from virtlab.environments.container import ContainerEnvironment, ContainerOptions
 from virtlab.errors import InputError
 from virtlab.plan import parse_plan
 from virtlab.study import run_study
+from virtlab.study.measure import measure_inside
+from virtlab.study.outcome import TrialFailure
 from virtlab.study.preflight import preflight
 from virtlab.workloads.primes import Primes, PrimesParams
 from virtlab.workloads.stream import Stream, StreamParams
@@ -89,6 +92,18 @@ def test_cgroup_limits_from_v1_and_v2_files():
     v2 = ct.cgroup_limits({"cpu.max": "150000 100000", "memory.max": "268435456", "pids.max": "64"})
     assert v2["version"] == "v2" and v2["cpu_quota_cores"] == 1.5
     assert v2["memory_limit_bytes"] == 256 * MiB and v2["pids_max"] == 64
+
+
+def test_the_oom_kill_count_is_read_from_v1_and_v2_files(tmp_path):
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir(), v2.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 5\noom 2\noom_kill 1\noom_group_kill 0\n")
+    assert cgroup_oom_kills({"memory": str(v1), "cpu": str(tmp_path)}) == 3
+    assert cgroup_oom_kills({"": str(v2)}) == 1
+    assert cgroup_oom_kills({"memory": str(tmp_path / "gone"), "": str(v2)}) == 1
+    assert cgroup_oom_kills({}) is None and cgroup_oom_kills(None) is None
+    assert cgroup_oom_kills({"memory": str(tmp_path)}) is None  # no such file there
 
 
 @needs_runc
@@ -202,6 +217,56 @@ def test_the_limits_are_seen_and_enforced_inside(box):
     assert inside(box, "true") == ""  # the container itself lives on
 
 
+@needs_runc
+def test_a_trial_the_oom_killer_ends_fails_naming_the_kill_and_the_limit(box):
+    """The same oversized stream measured as a study measures a trial: its failure is the OOM kill
+    under memory_mb = 256 (the cgroup's own count), not an exit status to puzzle over."""
+    with pytest.raises(TrialFailure) as caught:
+        measure_inside(box, Stream(StreamParams(array_size=16_000_000, repetitions=2)))
+    assert caught.value.phase == "oom"
+    assert str(caught.value).startswith("killed by the kernel's OOM killer (1 process): the trial exceeded")
+    assert "memory_mb = 256 of box" in str(caught.value)
+    # a trial within the limit is measured as before: the count did not move
+    assert measure_inside(box, Stream(StreamParams(array_size=1_000_000, repetitions=2)))
+
+
+OOM_PLAN = """
+[study]
+name = "oom"
+trials = 2
+warmups = 0
+
+[[environment]]
+name = "small"
+kind = "container"
+memory_mb = 128
+
+[[workload]]
+name = "too-big"
+kind = "stream"
+array_size = 8000000
+repetitions = 2
+
+[[workload]]
+name = "fits"
+kind = "primes"
+n = 20000
+"""
+
+
+@needs_runc
+def test_a_study_goes_on_past_a_cell_the_oom_killer_ended(guest_image, tmp_path):
+    out = tmp_path / "out"
+    outcome = run_study(parse_plan(OOM_PLAN, "oom.toml"), out)
+    results = json.loads((out / "results.json").read_text())
+    [failure] = results["failures"]
+    assert (failure["environment"], failure["workload"], failure["phase"]) == ("small", "too-big", "oom")
+    assert "OOM killer" in failure["error"] and "memory_mb = 128 of small" in failure["error"]
+    assert outcome.failed_cells == {("small", "too-big")}
+    [fits] = [c for c in results["cells"] if c["workload"] == "fits" and c["metric"] == "real_s"]
+    assert len(fits["trials"]) == 2
+
+
 def oom_kills(env: ContainerEnvironment) -> int:
     control = inside(env, "cat", "/sys/fs/cgroup/memory/memory.oom_control")
     return int(dict(line.split() for line in control.splitlines())["oom_kill"])
@@ -305,7 +370,8 @@ CRASHING_OWNER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from virtlab.build import build_kernels
-    from virtlab.environments.container import ContainerEnvironment, ContainerOptions
+    from virtlab.environments.abilities import cgroup_oom_kills
+from virtlab.environments.container import ContainerEnvironment, ContainerOptions
     env = ContainerEnvironment("crash", ContainerOptions(cpus=1, memory_mb=64), Path(sys.argv[2]))
     env.provision(build_kernels(out_root=Path(sys.argv[1])))
     print(json.dumps([env.container_id, env.cgroup_paths, env._network.netns, str(env.scratch)]), flush=True)

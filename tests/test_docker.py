@@ -99,6 +99,12 @@ def test_limits_are_seen_inside(box):
 
 @needs_root
 @needs_docker
+def test_an_oom_kill_is_named_with_its_limit(box):
+    kit.check_an_oom_kill_is_named(box)
+
+
+@needs_root
+@needs_docker
 def test_manifest_records_the_daemon_and_the_image(box):
     kit.check_manifest(box, "docker")
     assert box.image_facts.id == oi.inspect_image("docker", oi.guest_reference(box.image.key)).id

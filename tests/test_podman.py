@@ -165,6 +165,12 @@ def test_limits_are_seen_inside(box):
 
 @needs_root
 @needs_podman
+def test_an_oom_kill_is_named_with_its_limit(box):
+    kit.check_an_oom_kill_is_named(box)
+
+
+@needs_root
+@needs_podman
 def test_manifest_records_the_engine_and_the_image(box):
     kit.check_manifest(box, "podman")
     assert box.manifest()["engine"]["runtime"].startswith("runc")

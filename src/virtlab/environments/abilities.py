@@ -132,6 +132,39 @@ class ConsoleLog(Ability):
     path: Path
 
 
+class MemoryLimit(Ability):
+    """A memory limit the kernel enforces on what runs in the environment (a container's memory
+    cgroup), and how many processes its OOM killer has killed under it so far: a trial that drives
+    that count up was killed for exceeding ``memory_mb``, whatever its exit status says."""
+
+    name: ClassVar[str] = "a memory limit the kernel enforces"
+
+    def __init__(self, memory_mb: int, oom_kills: Callable[[], int | None]) -> None:
+        self.memory_mb, self._oom_kills = memory_mb, oom_kills
+
+    def oom_kills(self) -> int | None:
+        """The OOM killer's kills under the limit so far; None when the kernel does not count them."""
+        return self._oom_kills()
+
+
+def cgroup_oom_kills(paths: dict[str, str] | None) -> int | None:
+    """The ``oom_kill`` count of a memory cgroup, from ``runc state``'s ``cgroup_paths`` (controller
+    -> directory): v1 ``memory.oom_control``, else the v2 directory's ``memory.events``."""
+    paths = paths or {}
+    for directory, name in ((paths.get("memory"), "memory.oom_control"), (paths.get(""), "memory.events")):
+        if not directory:
+            continue
+        try:
+            text = (Path(directory) / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
 class ContainerCgroups(Ability):
     """A container's init process on this host and its own cgroups (controller -> directory, "" for
     the unified v2 one); None until the container runs."""

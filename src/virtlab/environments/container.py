@@ -60,7 +60,14 @@ from virtlab.environments._base import (
     split_sections,
 )
 from virtlab.environments._process import run_process
-from virtlab.environments.abilities import Ability, BridgeNetwork, ContainerCgroups, CpuLimit
+from virtlab.environments.abilities import (
+    Ability,
+    BridgeNetwork,
+    ContainerCgroups,
+    CpuLimit,
+    MemoryLimit,
+    cgroup_oom_kills,
+)
 from virtlab.image import GUEST_BIN, GuestImage, ImageSpec, load_image
 from virtlab.image.packages import image_spec
 from virtlab.metadata import cpu_flags_summary
@@ -150,7 +157,10 @@ class ContainerEnvironment(Environment):
 
     def abilities(self) -> tuple[Ability, ...]:
         cgroups = ContainerCgroups(lambda: self.init_pid, lambda: self.cgroup_paths)
-        return (*super().abilities(), cgroups)
+        if self.options.memory_mb is None:
+            return (*super().abilities(), cgroups)
+        limit = MemoryLimit(self.options.memory_mb, lambda: cgroup_oom_kills(self.cgroup_paths))
+        return (*super().abilities(), cgroups, limit)
 
     # -- checks before anything runs -------------------------------------------------------
     @classmethod

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from virtlab.environments import Environment, EnvironmentError_
-from virtlab.environments.abilities import SerialConsole
+from virtlab.environments.abilities import MemoryLimit, SerialConsole, find
 from virtlab.samples import ParseError, Sample
 from virtlab.study.outcome import TrialFailure
 from virtlab.workloads import Workload
@@ -20,6 +20,8 @@ from virtlab.workloads import Workload
 STEP_TIMEOUT_S = 600.0
 """A workload's untimed steps (unpacking its files, a prepare command that builds something in a
 slow TCG guest): bounded, so that a hung one fails its cell instead of the study."""
+OOM = "oom"
+"""The phase of a trial the kernel's OOM killer ended under the environment's memory limit."""
 PREPARE = "prepare"
 """The phase of a failure while a cell's files are placed or its prepare commands run."""
 
@@ -33,10 +35,20 @@ def trial_command(environment: Environment, workload: Workload) -> list[str]:
 def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:
     before_trial(environment, workload)
     argv = trial_command(environment, workload)
+    limit = find(environment.abilities(), MemoryLimit)
+    kills_before = limit.oom_kills() if limit is not None else None
     try:
         result = environment.run(argv, workload.timeout_s)
     except (EnvironmentError_, OSError) as error:
         raise TrialFailure(f"environment error: {error}", error_log(error)) from None
+    killed = (limit.oom_kills() or 0) - kills_before if limit is not None and kills_before is not None else 0
+    if limit is not None and killed > 0:
+        raise TrialFailure(
+            f"killed by the kernel's OOM killer ({killed} process{'es' if killed > 1 else ''}): the trial "
+            f"exceeded memory_mb = {limit.memory_mb} of {environment.name}; give it more or ask for less",
+            result.log(),
+            OOM,
+        )
     if result.timed_out:
         raise TrialFailure(f"timed out after {workload.timeout_s:g} s", result.log())
     if result.exit_code != 0:
