@@ -27,6 +27,7 @@ from virtlab.environments.vm import (
     cleanup_leftovers,
     guest_kernel_cflags,
     kernel_cmdline,
+    memory_refused,
     numa_layout,
     qemu_argv,
 )
@@ -408,6 +409,39 @@ def test_boot_timeout_fails_with_the_console_attached(guest_image, kernel_build,
     assert (tmp_path / CONSOLE_LOG).exists()
     assert not qemu_processes(tmp_path)
     assert not (tmp_path / "disk.raw").exists()
+
+
+MEMINFO = (
+    "MemTotal:       24683520 kB\nMemFree:        16000000 kB\nMemAvailable:   22000000 kB\n"
+    "SwapTotal:             0 kB\n"
+)
+
+
+def test_qemu_refusing_the_guests_memory_is_said_in_memory_mb():
+    log = "qemu-system-x86_64: cannot set up guest memory 'pc.ram': Cannot allocate memory\n"
+    assert memory_refused(log, 40000, MEMINFO) == (
+        "this host cannot give memory_mb = 40000 (QEMU: cannot set up guest memory 'pc.ram': Cannot "
+        "allocate memory; the host has 24105 MiB in all, 21484 MiB available, 0 MiB of swap): give the "
+        "VM less memory, or run fewer at once"
+    )
+    assert "an unknown amount" in (memory_refused(log, 512, "") or "")
+    assert memory_refused("qemu-system-x86_64: -drive x: Could not open 'x'\n", 512, MEMINFO) is None
+
+
+def test_a_vm_whose_memory_the_host_cannot_give_fails_naming_memory_mb(guest_image, kernel_build, tmp_path):
+    """Far more memory than this host has in all: QEMU cannot map it (the kernel's overcommit
+    heuristic refuses one allocation beyond RAM and swap) and the provision fails in those words."""
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip(host_fact("vm.overcommit_memory = 1: the kernel maps any size, so QEMU is not refused"))
+    kib = {
+        line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+    }
+    memory_mb = (kib["MemTotal"] + kib["SwapTotal"]) // 1024 + 8192
+    env = VmEnvironment("big", VmOptions(accel="tcg", memory_mb=memory_mb), tmp_path)
+    with pytest.raises(EnvironmentError_) as caught:
+        env.provision(kernel_build)
+    assert str(caught.value).startswith(f"VM big: this host cannot give memory_mb = {memory_mb} (QEMU: ")
+    assert "qemu-system-x86_64" in caught.value.log and not qemu_processes(tmp_path)
 
 
 @needs_root

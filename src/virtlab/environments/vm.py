@@ -207,6 +207,37 @@ def qemu_argv(
 # --------------------------------------------------------------------------- crash leftovers
 
 
+MEMORY_REFUSED = re.compile(r"cannot set up guest memory '[^']*': (?P<why>.+)")
+
+
+def memory_refused(qemu_log: str, memory_mb: int, meminfo: str) -> str | None:
+    """Why QEMU could not start, when it was the guest's memory the host would not give (the
+    kernel refuses one allocation beyond what it can back): the words of a failure naming
+    ``memory_mb`` and what the host has (``/proc/meminfo``); None for any other end."""
+    found = MEMORY_REFUSED.search(qemu_log)
+    if found is None:
+        return None
+    kib = {
+        line.split(":")[0]: int(line.split()[1]) for line in meminfo.splitlines() if line.split()[1:2] != []
+    }
+    have = [
+        f"{kib[key] // 1024} MiB {what}"
+        for key, what in (("MemTotal", "in all"), ("MemAvailable", "available"), ("SwapTotal", "of swap"))
+        if key in kib
+    ]
+    return (
+        f"this host cannot give memory_mb = {memory_mb} (QEMU: {found.group(0).strip()}; the host has "
+        f"{', '.join(have) or 'an unknown amount'}): give the VM less memory, or run fewer at once"
+    )
+
+
+def _meminfo() -> str:
+    try:
+        return Path("/proc/meminfo").read_text()
+    except OSError:
+        return ""
+
+
 def _run_dir() -> Path:
     if os.geteuid() == 0:
         return RUN_DIR
@@ -507,7 +538,13 @@ class VmEnvironment(GuestVmEnvironment):
         self._qemu = QemuProcess(self._argv, self.workdir)
         self._write_record()
         self.process_started(self._qemu.pid)
-        qmp = self._qemu.connect_qmp(QMP_SOCKET, f"vm-{self.name}")
+        try:
+            qmp = self._qemu.connect_qmp(QMP_SOCKET, f"vm-{self.name}")
+        except QmpError:
+            refused = memory_refused(tail(self.workdir / QEMU_LOG, 5_000), self.options.memory_mb, _meminfo())
+            if refused is None:
+                raise
+            raise EnvironmentError_(f"VM {self.name}: {refused}", self._failure_log()) from None
         version = qmp.execute("query-version")
         qemu = version["qemu"]
         self._details["qemu_version"] = (
