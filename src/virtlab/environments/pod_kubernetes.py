@@ -11,7 +11,7 @@ owner (their labels: machine, PID, start time) is gone.
 
 Not run against a real cluster in virtlab's tests (none can run on the machines it is developed on):
 the manifests are built and checked by the client's own models, and the same Pod manifest runs under
-``podman kube play`` there. README's "Pods" says what to check first on a cluster.
+``podman kube play`` there. docs/environments.md ("Pods") says what to check first on a cluster.
 """
 
 from __future__ import annotations
