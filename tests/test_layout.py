@@ -1,4 +1,4 @@
-"""The shape of the code that the redesign promised (README, Layout): no import cycle in src/, no
+"""The shape of the code that the redesign promised (docs/layout.md): no import cycle in src/, no
 private name imported from another module, no environment asked by getattr what it can do.
 
 Read from the source with ``ast``, so each check names the file and line that breaks it.
