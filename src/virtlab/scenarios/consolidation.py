@@ -60,8 +60,6 @@ from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS
 
 ROLES = ("web", "database", "java", "idle")
-MAIN_METRIC = {"web": "requests_per_s", "database": "tps", "java": "ops_per_s"}
-"""The figure each scored role is judged by; idle is load, not score."""
 RUNS_KEY = "consolidation/runs"
 
 
@@ -231,7 +229,9 @@ class ConsolidationScenario(TogetherStudy):
     def _instance(self, tiles: int | None, tile: int | None, role: str, repetition: int) -> Instance:
         cell = member_name(run_name(tiles), tile, role)
         environment = self.instance_environment(cell, repetition)
-        return Instance(cell, tile, role, self.roles[role], environment, MAIN_METRIC.get(role), repetition)
+        # A scored role is judged by its workload's headline figure; idle is load, not score.
+        metric = self.roles[role].workload.headline_metric if role in SCORED else None
+        return Instance(cell, tile, role, self.roles[role], environment, metric, repetition)
 
     def _run(self, tiles: int | None, repetition: int) -> dict[str, Any]:
         if tiles is None:
@@ -252,7 +252,7 @@ class ConsolidationScenario(TogetherStudy):
     def _run_references(self, load_side: Environment, repetition: int) -> list[Instance]:
         """Each scored role alone: its own environment, provisioned, measured and torn down in turn."""
         instances = []
-        for role in MAIN_METRIC:
+        for role in SCORED:
             instance = self._instance(None, None, role, repetition)
             instances.append(instance)
             try:
@@ -286,7 +286,7 @@ class ConsolidationScenario(TogetherStudy):
         return [spec.describe() for spec in self.roles.values()]
 
     def environment_order(self) -> list[str]:
-        return [member_name("reference", None, role) for role in MAIN_METRIC]
+        return [member_name("reference", None, role) for role in SCORED]
 
     def baseline(self) -> str:
         return member_name("reference", None, "web")

@@ -48,7 +48,6 @@ from virtlab.scenarios.together import Instance, TogetherStudy, count_argument, 
 from virtlab.study import Run
 from virtlab.workloads._peer import MAX_PEERS, PeerWorkload
 
-MAIN_METRIC = {"web": "requests_per_s", "database": "tps", "java": "ops_per_s"}
 """The figure that adds up over instances, for the workloads whose main figure is known."""
 RUNS_KEY = "scale_out/runs"
 
@@ -156,7 +155,7 @@ class ScaleOutScenario(TogetherStudy):
                 ("scale_out.counts", f"a served workload has {MAX_PEERS} client slots on the native side",
                  f"keep every count at most {MAX_PEERS}")
             )  # fmt: skip
-        if config.metric is None and spec.kind not in MAIN_METRIC:
+        if config.metric is None and spec.workload.headline_metric is None:
             problems.append(
                 ("scale_out.metric", f"{spec.kind} has no known main figure to add up",
                  "name the metric, e.g. metric = \"throughput_mbps\"")
@@ -176,7 +175,9 @@ class ScaleOutScenario(TogetherStudy):
         super().setup()
         spec = self.plan.workloads[0]
         self.spec = spec if self.config.duration_s is None else with_duration(spec, self.config.duration_s)
-        self.metric = self.config.metric or MAIN_METRIC[spec.kind]
+        metric = self.config.metric or spec.workload.headline_metric
+        assert metric is not None, "the plan checks refuse a workload without a headline figure"
+        self.metric = metric
 
     def runs(self) -> list[Run]:
         """Every count, then again for each repetition (interleaved)."""

@@ -83,6 +83,9 @@ class Workload(ABC):
     """C kernels (file stems in virtlab/native) the command runs."""
     tools: ClassVar[tuple[str, ...]] = ()
     """Programs the command expects on PATH inside the environment."""
+    headline_metric: ClassVar[str | None] = None
+    """The one figure that sums up a run of it, which the scenarios add up (a consolidation tile's
+    score, a scale-out's total); None: it has no single one (a scenario then asks the plan)."""
     cache_sensitive: ClassVar[bool] = False
     """Storage workloads: the runner drops the host's page cache before each trial, so that a
     VM's virtual disk is not read from the host's memory (the guest drops its own)."""

@@ -183,6 +183,7 @@ class DatabaseParams(PairParams, RunsForADuration):
 @register_workload
 class Database(PeerWorkload):
     kind: ClassVar[str] = "database"
+    headline_metric: ClassVar[str | None] = "tps"
     summary: ClassVar[str] = (
         "PostgreSQL initialised and run in the environment, pgbench from the native side (seed 001's "
         "database server), transactions/s and latency"

@@ -78,6 +78,7 @@ class JavaParams(RunsForADuration):
 @register_workload
 class Java(Workload):
     kind: ClassVar[str] = "java"
+    headline_metric: ClassVar[str | None] = "ops_per_s"
     summary: ClassVar[str] = (
         "JVM warehouse/order transactions (the SPECjbb role of seed 001), state checked, ops/s"
     )

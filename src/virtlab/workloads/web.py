@@ -329,6 +329,7 @@ class WebParams(PairParams, RunsForADuration):
 @register_workload
 class Web(PeerWorkload):
     kind: ClassVar[str] = "web"
+    headline_metric: ClassVar[str | None] = "requests_per_s"
     summary: ClassVar[str] = (
         "nginx with a static page and a CGI program (fcgiwrap) in the environment, loaded by wrk over "
         "HTTP and HTTPS from the native side (seed 001 STD-CGI / MIN-CGI), requests/s and latency"
