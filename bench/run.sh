@@ -14,5 +14,7 @@ scripts/setup.sh
 .venv/bin/python bench/engines_bench.py
 # zstd and a guest's sleep through the command workload vs by hand; it adds its part too.
 .venv/bin/python bench/command_bench.py
+# The ETA's error over the course of a study of unlike cells; it adds its part too.
+.venv/bin/python bench/eta_bench.py --rounds 4
 # The web and database servers through virtlab vs by hand; it adds its part to the results above.
 exec .venv/bin/python bench/apps_bench.py

@@ -21,8 +21,11 @@ def test_provisioning_lines_before_start_then_trials_with_a_total():
     assert task.total is None  # not known yet: no ETA invented
     progress.start(total=4)
     progress.trial("vm", "pi", "trial 1")
+    assert task.fields["eta"] == "?"
+    progress.remaining(125.0)
     progress.advance()
     assert (task.total, task.completed, task.description) == (4, 1, "pi @ vm · trial 1")
+    assert task.fields["eta"] == "2:05"
     progress.note("a note")
     progress.stop()
     assert "a note" in out.getvalue() and "1/4" in out.getvalue()
@@ -32,15 +35,31 @@ def test_progress_line_on_fixed_figures():
     assert clock_text(0) == "0:00"
     assert clock_text(59.6) == "1:00"
     assert clock_text(3725) == "1:02:05"
-    assert progress_line(0, 8, "pi @ vm · trial 1 of 4", 12.0, "running") == (
+    assert progress_line(0, 8, "pi @ vm · trial 1 of 4", 12.0, "running", None) == (
         "[0/8] running pi @ vm · trial 1 of 4 · elapsed 0:12 · eta ?"
     )
-    # 2 of 8 done in 60 s: 6 left at 30 s each.
-    assert progress_line(2, 8, "pi @ vm · trial 2 of 4", 60.0, "done") == (
-        "[2/8] done pi @ vm · trial 2 of 4 · elapsed 1:00 · eta 3:00"
+    # The study's own estimate is shown as given, whatever the elapsed time (provisioning included).
+    assert progress_line(2, 8, "pi @ vm · trial 2 of 4", 600.0, "done", 180.4) == (
+        "[2/8] done pi @ vm · trial 2 of 4 · elapsed 10:00 · eta 3:00"
     )
-    assert progress_line(8, 8, "x", 90.0, "done").endswith("eta 0:00")
-    assert progress_line(1, 4, "x", 10.0, "done").endswith("eta 0:30")  # one run done is enough
+    assert progress_line(8, 8, "x", 90.0, "done", 0.0).endswith("eta 0:00")
+
+
+def test_a_log_line_shows_the_study_estimate_counting_down_between_estimates():
+    out = io.StringIO()
+    progress = LogProgress(out, every_s=3600)
+    progress.start(3)
+    progress.trial("native", "slow", "trial 1 of 3")
+    progress.remaining(None)
+    progress.advance()
+    progress.trial("native", "slow", "trial 2 of 3")
+    progress.remaining(7200.0)
+    progress.advance()
+    progress.stop()
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("[1/3] done slow @ native · trial 1 of 3") and lines[1].endswith("eta ?")
+    assert lines[3].startswith("[2/3] done slow @ native · trial 2 of 3")
+    assert lines[3].endswith("eta 2:00:00") or lines[3].endswith("eta 1:59:59")
 
 
 def test_a_log_gets_a_line_per_run_and_a_heartbeat_while_one_runs():

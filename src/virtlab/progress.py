@@ -14,7 +14,6 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 
@@ -23,6 +22,10 @@ class ProgressSink(Protocol):
     def add_total(self, extra: int) -> None: ...
     def trial(self, environment: str, workload: str, label: str) -> None: ...
     def advance(self) -> None: ...
+    def remaining(self, seconds: float | None) -> None:
+        """The study's estimate of the time left (``virtlab.eta``), None when it has none yet;
+        given as a task ends, just before ``advance``."""
+
     def note(self, text: str) -> None: ...
     def stop(self) -> None: ...
 
@@ -34,6 +37,9 @@ class SilentProgress:
         self.notes: list[str] = []
         self.total = 0
         self.done = 0
+        self.estimates: list[tuple[float, float | None]] = []
+        """Each estimate of the time left given and when (monotonic): a grid study gives one before its
+        first task and one as each task ends."""
 
     def start(self, total: int) -> None:
         self.total = total
@@ -46,6 +52,9 @@ class SilentProgress:
 
     def advance(self) -> None:
         self.done += 1
+
+    def remaining(self, seconds: float | None) -> None:
+        self.estimates.append((time.monotonic(), seconds))
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -62,8 +71,8 @@ class RichProgress:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
+            # The study's own estimate, not rich's speed: provisioning is no trial.
+            TextColumn("eta {task.fields[eta]}"),
             console=self.console,
             transient=False,
         )
@@ -77,7 +86,7 @@ class RichProgress:
     def _begin(self) -> None:
         # Provisioning (an image build) may report before the trials are counted.
         self._progress.start()
-        self._task = self._progress.add_task("starting", total=None)
+        self._task = self._progress.add_task("starting", total=None, eta="?")
 
     def add_total(self, extra: int) -> None:
         task = self._progress.tasks[0]
@@ -90,6 +99,11 @@ class RichProgress:
 
     def advance(self) -> None:
         self._progress.advance(self._task)
+
+    def remaining(self, seconds: float | None) -> None:
+        if self._task is None:
+            self._begin()
+        self._progress.update(self._task, eta=eta_text(seconds))
 
     def note(self, text: str) -> None:
         self._progress.console.print(text, markup=False, highlight=False)
@@ -107,11 +121,14 @@ def clock_text(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def progress_line(done: int, total: int, what: str, elapsed_s: float, state: str) -> str:
-    """One log line of a study's progress; the ETA assumes the runs left take as long as the ones
-    done did on average (none done yet: no ETA)."""
-    eta = clock_text(elapsed_s / done * (total - done)) if 0 < done <= total else "?"
-    return f"[{done}/{total}] {state} {what} · elapsed {clock_text(elapsed_s)} · eta {eta}"
+def eta_text(seconds: float | None) -> str:
+    """An estimate of the time left as shown: h:mm:ss, or "?" when there is none."""
+    return "?" if seconds is None else clock_text(seconds)
+
+
+def progress_line(done: int, total: int, what: str, elapsed_s: float, state: str, eta_s: float | None) -> str:
+    """One log line of a study's progress, with the study's estimate of the time left."""
+    return f"[{done}/{total}] {state} {what} · elapsed {clock_text(elapsed_s)} · eta {eta_text(eta_s)}"
 
 
 class LogProgress:
@@ -127,6 +144,8 @@ class LogProgress:
         self._what = "starting"
         self._started = time.monotonic()
         self._last_line = 0.0
+        self._estimate: tuple[float, float] | None = None
+        """The study's last estimate of the time left and when it was given (monotonic)."""
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="virtlab-progress", daemon=True)
@@ -150,6 +169,11 @@ class LogProgress:
             self.done += 1
             self._write("done")
 
+    def remaining(self, seconds: float | None) -> None:
+        # A study gives its estimate as a task ends, before ``advance``: the "done" line carries it.
+        with self._lock:
+            self._estimate = None if seconds is None else (seconds, time.monotonic())
+
     def note(self, text: str) -> None:
         with self._lock:
             self._print(text)
@@ -164,8 +188,12 @@ class LogProgress:
                     self._write("running")
 
     def _write(self, state: str) -> None:
-        elapsed = time.monotonic() - self._started
-        self._print(progress_line(self.done, self.total, self._what, elapsed, state))
+        now = time.monotonic()
+        eta = None
+        if self._estimate is not None:
+            seconds, given = self._estimate
+            eta = max(0.0, seconds - (now - given))  # counts down between estimates
+        self._print(progress_line(self.done, self.total, self._what, now - self._started, state, eta))
 
     def _print(self, text: str) -> None:
         self._last_line = time.monotonic()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from virtlab.baselines import PER_HOST
 from virtlab.build import KernelBuild
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
+from virtlab.eta import Durations, remaining_s
 from virtlab.export import write_reports, write_results_json
 from virtlab.hosts.check import HostCheck
 from virtlab.outputs import HOSTS_KEY, PLACES_KEY, write_outputs
@@ -45,6 +47,7 @@ from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.results import Results
 from virtlab.scenario_kinds import PlanProblem
+from virtlab.schedule import Task
 from virtlab.store import ResultStore
 from virtlab.study.outcome import StudyOutcome
 
@@ -315,9 +318,15 @@ class RunsStudy(Study):
         done = {key for key in self.store.get(self.runs_key, []) if self.stored(key).get("status") == "ok"}
         todo = [run for run in self.runs() if run.key not in done]
         self.progress.start(len(todo))
-        for run in todo:
+        durations = Durations()
+        for number, run in enumerate(todo):
             self.progress.trial(run.label, run.what, run.detail)
+            started = time.monotonic()
             record = run.step()
+            # Runs of one kind ("what") stand for each other; any run for a kind not run yet.
+            durations.add(Task(run.label, run.what, 0), time.monotonic() - started)
+            left = [Task(later.label, later.what, 0) for later in todo[number + 1 :]]
+            self.progress.remaining(remaining_s(left, durations))
             self.store.put(run.key, record)
             keys = [key for key in self.store.get(self.runs_key, []) if key != run.key]
             self.store.put(self.runs_key, [*keys, run.key])

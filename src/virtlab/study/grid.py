@@ -24,6 +24,7 @@ from virtlab.energy import EnergyMeter, EnergyReading
 from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import InputError
+from virtlab.eta import Durations, remaining_s, stored_durations
 from virtlab.hostcache import drop_host_caches
 from virtlab.hosts import LOCAL_NAME
 from virtlab.outputs import Throttle, write_outputs
@@ -77,6 +78,10 @@ class GridStudy(Study):
         """The servers kept running from a cell's first trial to its last (``server_per_cell``)."""
         self._serving_bound_s = 0.0
         """The longest the trials still planned can take: a kept server's own bound."""
+        self._left: list[Task] = []
+        """The tasks not ended yet, in planned order, for the estimate of the time left."""
+        self._durations = Durations()
+        self._began: dict[Task, float] = {}
         # A network workload's senders and receivers are peers of its cells, not cells of it.
         self.cells: list[Cell] = [
             (env.name, w.name)
@@ -390,7 +395,12 @@ class GridStudy(Study):
             study.order,
             study.seed,
         )
-        self.progress.start(sum(len(tasks) for tasks in rounds))
+        # A resumed study knows its cells' times from the trials stored.
+        stored = [((r.environment, r.workload), r.elapsed_s) for r in self.store.trials()]
+        self._durations = stored_durations(pair for pair in stored if pair[0] in self.cells)
+        self._left = [task for tasks in rounds for task in tasks]
+        self.progress.start(len(self._left))
+        self.progress.remaining(self._time_left())
         self._run_tasks(rounds)
         if study.target_cov_pct is None:
             return
@@ -403,7 +413,9 @@ class GridStudy(Study):
                 return
             numbers = self.store.trial_numbers()
             tasks = [Task(env, wl, next_trial(numbers[(env, wl)])) for env, wl in extra]
+            self._left.extend(tasks)
             self.progress.add_total(len(tasks))
+            self.progress.remaining(self._time_left())
             self._run_tasks([tasks])
 
     def _spreads(self) -> dict[Cell, float | None]:
@@ -456,6 +468,7 @@ class GridStudy(Study):
         return frozenset(self.host_of[name] for name in names)
 
     def _starting(self, task: Task) -> None:
+        self._began[task] = time.monotonic()
         if not self._skipped(task):
             self.progress.trial(task.environment, task.workload, self._label(task))
 
@@ -526,6 +539,7 @@ class GridStudy(Study):
 
     def _store(self, task: Task, result: TrialRecord | TrialFailure | None) -> None:
         """What a trial gave, stored the moment it ends (in the study's own thread)."""
+        self._timed(task, result)
         if isinstance(result, TrialRecord):
             self.store.add_trial(result)
         elif isinstance(result, TrialFailure):
@@ -535,7 +549,21 @@ class GridStudy(Study):
             self.store.add_failure(FailureRecord(*where, str(result), result.log, time.time()))
             word = "NOT MEASURED" if unavailable else "FAILED"
             self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {result}")
+        self.progress.remaining(self._time_left())
         self.progress.advance()
+
+    def _timed(self, task: Task, result: TrialRecord | TrialFailure | None) -> None:
+        """A task has ended: its wall time (set-up included) counts for its cell's estimate, unless
+        it failed or was skipped (its cell runs nothing more)."""
+        seconds = time.monotonic() - self._began.pop(task)
+        self._left.remove(task)
+        measured = isinstance(result, TrialRecord) or (task.trial is None and result is None)
+        if measured and not self._skipped(task):
+            self._durations.add(task, seconds)
+
+    def _time_left(self) -> float | None:
+        skipped = self.outcome.failed_cells | self.outcome.unavailable_cells
+        return remaining_s(self._left, self._durations, skipped)
 
     @contextmanager
     def _power_plan(self, name: str) -> Iterator[PowerPlanTrial]:
