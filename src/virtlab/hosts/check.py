@@ -49,6 +49,7 @@ from virtlab.environments.ssh import (
 )
 from virtlab.hosts.kvm import PROBE_SCRIPT, probe_args, read_probe
 from virtlab.hosts.model import Host
+from virtlab.hosts.probecache import ProbeCache, parse_key
 from virtlab.hosts.remote import ssh_options
 
 MAX_PARALLEL = 16
@@ -125,18 +126,26 @@ def check_hosts(
     timeout_s: float = CHECK_TIMEOUT_S,
     probe_kvm: bool = True,
     libvirt: Mapping[str, str] | None = None,
+    probe_cache: ProbeCache | None = None,
+    reprobe: bool = False,
 ) -> list[HostCheck]:
     """Every host checked at once (at most ``max_parallel`` at a time), in the order given.
     ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have;
-    ``probe_kvm``: boot the KVM probe there (a few seconds), or only see whether /dev/kvm exists;
-    ``libvirt``: the libvirt URI that must connect for each host whose VMs use it."""
+    ``probe_kvm``: the KVM probe's result there (booted when the host's kernel, /dev/kvm or QEMU
+    differ from its stored result's, in ``probe_cache``, by default ``ProbeCache()``; always with
+    ``reprobe``), or only whether /dev/kvm exists; ``libvirt``: the libvirt URI that must connect
+    for each host whose VMs use it."""
     if not hosts:
         return []
     required = libvirt or {}
+    cache = probe_cache or ProbeCache()
 
     def one(host: Host) -> HostCheck:
         wanted, needed = tools.get(host.name, ()), needs.get(host.name, ())
-        return check_host(host, wanted, needed, timeout_s, probe_kvm, required.get(host.name))
+        stored = cache if probe_kvm else None
+        return check_host(
+            host, wanted, needed, timeout_s, probe_kvm, required.get(host.name), stored, reprobe
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
         return list(pool.map(one, hosts))
@@ -149,12 +158,18 @@ def check_host(
     timeout_s: float,
     probe_kvm: bool = True,
     libvirt_uri: str | None = None,
+    probe_cache: ProbeCache | None = None,
+    reprobe: bool = False,
 ) -> HostCheck:
     """One host; ``libvirt_uri``: a libvirt there that must connect (without it, the host's own
-    ``libvirt_uri`` is tried, and only warned about)."""
+    ``libvirt_uri`` is tried, and only warned about); ``probe_cache``: the KVM probe's stored
+    results (None: boot it, keep nothing), ``reprobe``: boot it whatever is stored."""
     started = time.monotonic()
     looked_for = sorted({*BASE_TOOLS, *tools, *needs})
-    probe = ["probe", *looked_for, "--", *probe_args()] if probe_kvm else ["skip", *looked_for, "--"]
+    cached_key = probe_cache.key(host) if probe_cache is not None and not reprobe else ""
+    probe = (
+        ["probe", *looked_for, "--", *probe_args(cached_key)] if probe_kvm else ["skip", *looked_for, "--"]
+    )
     script = ["sh", "-c", CHECK_SCRIPT, "virtlab-check", *probe]
     if host.is_local:
         argv, options = script, None
@@ -175,7 +190,10 @@ def check_host(
             status, stderr = session.finish()
             reason = _unreachable(status, stderr, session.timed_out, timeout_s, options)
             return HostCheck(host, False, problems=(reason,), elapsed_s=time.monotonic() - started)
-        facts = read_facts(parse_sections(head.decode(errors="replace")), looked_for, host)
+        sections = parse_sections(head.decode(errors="replace"))
+        facts = read_facts(sections, looked_for, host)
+        if probe_cache is not None:
+            facts.update(kept_probe(sections, facts, probe_cache, host))
         facts.update(_clock(session))
         session.finish()
     finally:
@@ -264,6 +282,33 @@ def _kvm(sections: dict[str, str]) -> dict[str, Any]:
         return {"kvm": "present, not probed" if sections.get("kvm") == "present" else "absent"}
     probe = read_probe(sections)
     return {"kvm": probe.kvm, "kvm_reason": probe.reason, "kvm_probe": probe.to_dict()}
+
+
+KVM_FACTS = ("kvm", "kvm_reason", "kvm_probe")
+
+
+def kept_probe(
+    sections: dict[str, str], facts: dict[str, Any], cache: ProbeCache, host: Host
+) -> dict[str, Any]:
+    """The KVM facts of a check through the probe cache: a probe booted now is stored (unless its
+    TCG control failed: a broken probe tells nothing to keep); one not booted, because the host's
+    kernel, /dev/kvm and QEMU are those of its stored result, is that result, marked cached."""
+    key = next(iter(sections.get("kvm_key", "").splitlines()), "")  # as the script compares it
+    if "kvm_cached" not in sections:
+        if key and facts.get("kvm_probe", {}).get("control_ok"):
+            cache.store(host, key, {name: facts[name] for name in KVM_FACTS})
+        return {}
+    entry = cache.entry(host)
+    if entry is None or entry["key"] != key:  # removed or rewritten meanwhile: not probed this time
+        return {"kvm": "present, not probed" if sections.get("kvm") == "present" else "absent"}
+    stored = entry["facts"]
+    probe = {**stored["kvm_probe"], "cached": True}
+    return {
+        **stored,
+        "kvm_probe": probe,
+        "kvm_probed_at": entry["probed_at"],
+        "kvm_probed_on": parse_key(key),
+    }
 
 
 def _clock(session: _Session) -> dict[str, Any]:

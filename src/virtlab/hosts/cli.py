@@ -40,13 +40,27 @@ def check(
             help="boot virtlab doctor's KVM probe on every host (a few seconds), or only see /dev/kvm",
         ),
     ] = True,
+    reprobe: Annotated[
+        bool,
+        typer.Option(
+            "--reprobe",
+            help="boot the KVM probe even where the host's kernel, /dev/kvm and QEMU are those of its "
+            "stored result (kept in ~/.cache/virtlab/kvm-probes)",
+        ),
+    ] = False,
 ) -> None:
     """Reach every host over SSH (host key verified) and read what it offers; exit 1 if one fails."""
     from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
 
     hosts, tools, needs, libvirt = hosts_to_check(source)
     checks = check_hosts(
-        hosts, tools, needs, max_parallel or MAX_PARALLEL, probe_kvm=kvm_probe, libvirt=libvirt
+        hosts,
+        tools,
+        needs,
+        max_parallel or MAX_PARALLEL,
+        probe_kvm=kvm_probe,
+        libvirt=libvirt,
+        reprobe=reprobe,
     )
     if as_json:
         document = {

@@ -7,6 +7,8 @@ under TCG, with its QEMU. Nothing is installed there: the boot sector travels as
 (``printf`` octal escapes), QEMU's command is the doctor's (``accel.boot_sector_argv``) and the
 shell script below runs both at once, each bounded, and answers in sections:
 
+    kvm_key             the kernel (uname -srv), the device's state, QEMU's path and version line
+    kvm_cached          "yes" when the key is the stored result's: nothing below follows
     kvm_device          ok | absent | denied (opening /dev/kvm read-write, as QEMU does)
     kvm_qemu            QEMU's path and version line, or nothing
     kvm_<accel>         started=, ended= (date +%s.%N), status= (QEMU's, or killed), timed_out=
@@ -29,20 +31,25 @@ PROBE_TIMEOUT_S = 20.0
 """Each QEMU run's bound (KVM and TCG run side by side), as the doctor's."""
 IMAGE = "probe.img"
 
-# $1 the boot sector (octal escapes for printf), $2 the bound (s), then QEMU's argv without
-# -accel. Everything happens in a private temporary directory, removed at the end.
+# $1 the boot sector (octal escapes for printf), $2 the bound (s), $3 the key of the host's stored
+# result ("" for none), then QEMU's argv without -accel. Everything happens in a private temporary
+# directory, removed at the end.
 PROBE_SCRIPT = r"""probe_kvm() {
-    sector=$1 limit=$2
-    shift 2
-    section kvm_device
+    sector=$1 limit=$2 cached=$3
+    shift 3
     if [ ! -e /dev/kvm ]; then device=absent
     elif (: <>/dev/kvm) 2>/dev/null; then device=ok
     else device=denied; fi
-    echo "$device"
+    qemu=$(command -v "$1" 2>/dev/null) && version=$("$qemu" --version 2>/dev/null | head -n 1)
+    # what the result depends on (hosts.probecache): the same as the stored result's, no boot
+    key="$(uname -srv) | $device | $qemu | $version"
+    section kvm_key; echo "$key"
+    [ -n "$cached" ] && [ "$key" = "$cached" ] && { section kvm_cached; echo yes; return 0; }
+    section kvm_device; echo "$device"
     section kvm_qemu
-    qemu=$(command -v "$1" 2>/dev/null) || return 0
+    [ -n "$qemu" ] || return 0
     echo "$qemu"
-    "$qemu" --version 2>/dev/null | head -n 1
+    echo "$version"
     dir=$(mktemp -d "${TMPDIR:-/tmp}/virtlab-kvm-probe.XXXXXX") || return 0
     printf "$sector" >"$dir/probe.img"
     accelerators=tcg
@@ -95,10 +102,11 @@ probe_run() {
 """
 
 
-def probe_args(timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
-    """``probe_kvm``'s arguments: the boot sector, the bound, QEMU's command."""
+def probe_args(cached_key: str = "", timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """``probe_kvm``'s arguments: the boot sector, the bound, the stored result's key (the probe is
+    not booted when the host's is the same), QEMU's command."""
     sector = "".join(f"\\{byte:03o}" for byte in accel.BOOT_SECTOR)
-    return [sector, str(int(timeout_s)), *accel.boot_sector_argv(accel.QEMU, IMAGE)]
+    return [sector, str(int(timeout_s)), cached_key, *accel.boot_sector_argv(accel.QEMU, IMAGE)]
 
 
 def read_probe(sections: dict[str, str]) -> AccelProbe:
