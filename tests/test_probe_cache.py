@@ -1,11 +1,12 @@
 """The KVM probe's stored result (``virtlab.hosts.probecache``) through the real check script on this
 machine: booted once, then kept while the kernel, /dev/kvm and QEMU stay the same; booted again
-when the kernel's or QEMU's version string differs from the stored one, when QEMU itself changes,
-and on ``reprobe``. A broken probe is not kept."""
+when the kernel's or QEMU's version string or the boot id differs from the stored one, when QEMU
+itself changes, and on ``reprobe``. A broken probe is not kept."""
 
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,7 @@ def test_the_probe_is_booted_once_then_kept_while_nothing_it_depends_on_changes(
     assert stored is not None
     uname = os.uname()
     assert stored["key_fields"]["kernel"] == f"{uname.sysname} {uname.release} {uname.version}"
+    assert stored["key_fields"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert stored["key_fields"]["qemu"] == shutil.which("qemu-system-x86_64")
     assert stored["key_fields"]["qemu_version"].startswith("QEMU emulator version")
     second = check(cache)
@@ -60,13 +62,16 @@ def test_the_probe_is_booted_once_then_kept_while_nothing_it_depends_on_changes(
     assert check(cache, reprobe=True)["kvm_probe"].get("cached") is False  # --reprobe boots it
 
 
-@pytest.mark.parametrize("field", ["kernel", "qemu_version"])
-def test_a_changed_kernel_or_qemu_version_string_is_probed_again(cache, field):
+@pytest.mark.parametrize("field", ["kernel", "boot_id", "qemu_version"])
+def test_a_changed_kernel_boot_or_qemu_version_string_is_probed_again(cache, field):
     check(cache)
     current = cache.entry(LOCAL)["key"]
-    rewrite_stored(
-        cache, field, "6.1.0-old-amd64 #1 SMP" if field == "kernel" else "QEMU emulator version 7.2.0"
-    )
+    before = {
+        "kernel": "Linux 6.1.0-old #1 SMP",
+        "boot_id": "0",
+        "qemu_version": "QEMU emulator version 7.2.0",
+    }
+    rewrite_stored(cache, field, before[field])
     again = check(cache)
     assert booted(again)
     assert cache.entry(LOCAL)["key"] == current  # stored anew, under what the host has now
@@ -110,14 +115,17 @@ def test_an_unreadable_entry_is_probed_again(cache):
 
 
 def test_the_key_line_is_read_by_field():
-    assert parse_key("Linux 6.1 #1 SMP | ok | /usr/bin/qemu-system-x86_64 | QEMU emulator version 7.2.0") == {
+    line = "Linux 6.1 #1 SMP | 2f1e | ok | /usr/bin/qemu-system-x86_64 | QEMU emulator version 7.2.0"
+    assert parse_key(line) == {
         "kernel": "Linux 6.1 #1 SMP",
+        "boot_id": "2f1e",
         "kvm_device": "ok",
         "qemu": "/usr/bin/qemu-system-x86_64",
         "qemu_version": "QEMU emulator version 7.2.0",
     }
-    assert parse_key("Linux 6.1 | absent |  | ") == {
+    assert parse_key("Linux 6.1 | 2f1e | absent |  | ") == {
         "kernel": "Linux 6.1",
+        "boot_id": "2f1e",
         "kvm_device": "absent",
         "qemu": "",
         "qemu_version": "",

@@ -7,7 +7,7 @@ under TCG, with its QEMU. Nothing is installed there: the boot sector travels as
 (``printf`` octal escapes), QEMU's command is the doctor's (``accel.boot_sector_argv``) and the
 shell script below runs both at once, each bounded, and answers in sections:
 
-    kvm_key             the kernel (uname -srv), the device's state, QEMU's path and version line
+    kvm_key             the kernel (uname -srv), the boot id, the device's state, QEMU's path and version
     kvm_cached          "yes" when the key is the stored result's: nothing below follows
     kvm_device          ok | absent | denied (opening /dev/kvm read-write, as QEMU does)
     kvm_qemu            QEMU's path and version line, or nothing
@@ -42,7 +42,7 @@ PROBE_SCRIPT = r"""probe_kvm() {
     else device=denied; fi
     qemu=$(command -v "$1" 2>/dev/null) && version=$("$qemu" --version 2>/dev/null | head -n 1)
     # what the result depends on (hosts.probecache): the same as the stored result's, no boot
-    key="$(uname -srv) | $device | $qemu | $version"
+    key="$(uname -srv) | $(cat /proc/sys/kernel/random/boot_id 2>/dev/null) | $device | $qemu | $version"
     section kvm_key; echo "$key"
     [ -n "$cached" ] && [ "$key" = "$cached" ] && { section kvm_cached; echo yes; return 0; }
     section kvm_device; echo "$device"

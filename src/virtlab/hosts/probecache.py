@@ -3,9 +3,11 @@
 Booting the probe costs a host a few seconds of CPU (QEMU under KVM and under TCG); on a lab of
 many hosts sharing few cores that is most of the check (issue 29: 16 hosts took 6.6x one). What
 the probe finds depends on the host's kernel, its /dev/kvm and its QEMU, so the check script
-reports those first (``kvm_key``: ``uname -srv``, the device's state, QEMU's path and version
-line) and boots the probe only when they differ from the key it was given, the one stored with the
-host's last result. The cache is one JSON file per host (its name and SSH target) under
+reports those first (``kvm_key``: ``uname -srv``, the boot id, the device's state, QEMU's path
+and version line) and boots the probe only when they differ from the key it was given, the one
+stored with the host's last result. The boot id, as ``virtlab doctor``'s own cache keys on it: a
+result is never kept across a reboot (a module option such as KVM's ``nested`` changed meanwhile,
+or a probe misjudged once under load). The cache is one JSON file per host (its name and SSH target) under
 ``<cache_root>/kvm-probes``: a host renamed or moved is probed again, as is one whose file is
 unreadable. Nothing here runs a command.
 """
@@ -23,7 +25,7 @@ from typing import Any
 from virtlab.build import cache_root
 from virtlab.hosts.model import Host
 
-KEY_FIELDS = ("kernel", "kvm_device", "qemu", "qemu_version")
+KEY_FIELDS = ("kernel", "boot_id", "kvm_device", "qemu", "qemu_version")
 """What the probe's result depends on, in the order of the script's ``kvm_key`` line."""
 SEPARATOR = " | "
 
