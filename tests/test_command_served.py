@@ -27,6 +27,13 @@ CLIENT = 'argv = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}\\n", "ht
 STATUS = '[[workload.metric]]\nname = "status"\nbetter = "higher"\nregex = "^(\\\\d+)$"\n'
 
 
+PID_SERVER = (
+    'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\" '
+    '\\"$1\\"", "{address}", "{port}"]\n'
+)
+"""A server that writes its process id where its HTTP server serves it: which server a client met."""
+
+
 def served(body: str, study: str = NATIVE):
     return parse_plan(study + HTTP + body, "s.toml").workloads[0].workload
 
@@ -116,9 +123,8 @@ def test_the_server_serves_the_whole_cell_and_is_stopped_after_it(tmp_path):
     study nothing listens on its port any more."""
     pid_server = (
         '[[workload]]\nname = "pid"\nkind = "command"\nready_port = 17387\n'
-        'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\" \\"$1\\"",'
-        ' "{address}", "{port}"]\n'
-        'argv = ["curl", "-sS", "http://{address}:{port}/server.pid"]\n'
+        + PID_SERVER
+        + 'argv = ["curl", "-sS", "http://{address}:{port}/server.pid"]\n'
         '[[workload.metric]]\nname = "server_pid"\nbetter = "higher"\nregex = "^(\\\\d+)$"\n'
     )
     text = NATIVE.replace("trials = 2\nwarmups = 0", "trials = 3\nwarmups = 1") + pid_server
@@ -136,9 +142,9 @@ def test_a_failed_trial_stops_its_cells_server_and_keeps_its_output(tmp_path):
     the study's end), and the failure's log holds what the server printed (http.server's requests)."""
     failing = (
         '[[workload]]\nname = "fails"\nkind = "command"\nready_port = 17388\n'
-        'server = ["sh", "-c", "echo $$ > server.pid && exec python3 -m http.server --bind \\"$0\\" \\"$1\\"",'
-        ' "{address}", "{port}"]\n'
-        'argv = ["sh", "-c", "curl -sS http://$0:$1/server.pid && if [ -e once ]; then exit 3; fi; touch once",'
+        + PID_SERVER
+        + 'argv = ["sh", "-c", "curl -sS http://$0:$1/server.pid && if [ -e once ]; then exit 3; fi; '
+        'touch once",'
         ' "{address}", "{port}"]\n'
     )
     outcome = run_study(parse_plan(NATIVE + failing, "s.toml"), tmp_path / "out")
