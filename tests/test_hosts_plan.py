@@ -157,8 +157,9 @@ def test_older_variable_names_home_paths_and_ungrouped_hosts(tmp_path):
         ("name.yml", 'all:\n  hosts:\n    "fe80::1":\n', "host fe80::1: virtlab cannot use this name",
          "use letters, digits, . _ -"),
         ("user.ini", "lab1 ansible_user=-oProxyCommand=x\n",
-         "host lab1: user: '-oProxyCommand=x' is not a plain name (letters, digits, '.', '-', '_', ':') "
-         "(got '-oProxyCommand=x')", "fix that host's variables in the inventory"),
+         "host lab1: ansible_user: '-oProxyCommand=x' is not a plain name (letters, digits, '.', '-', '_', "
+         "':') (got '-oProxyCommand=x')",
+         "correct ansible_user of lab1 in the inventory (or in its host_vars/group_vars)"),
         ("undefined.ini", 'h1 ansible_host="{{ nowhere_defined }}"\n',
          "host h1: ansible_host: Ansible cannot render '{{ nowhere_defined }}': "
          "'nowhere_defined' is undefined",

@@ -162,7 +162,10 @@ def check_plan_hosts(plan: Plan) -> tuple[HostCheck, ...]:
     tools = {tool for spec in plan.workloads for tool in spec.workload.tools}
     looked_for = {host.name: sorted({*tools, *needs.get(host.name, ())}) for host in hosts}
     probe = any(env.kind in ("vm", "libvirt") for env in plan.environments)
-    return tuple(check_hosts(hosts, looked_for, needs, probe_kvm=probe, libvirt=host_libvirt(plan)))
+    root = {env.host for env in plan.environments if env.host is not None and env.cls.remote_needs_root}
+    return tuple(
+        check_hosts(hosts, looked_for, needs, probe_kvm=probe, libvirt=host_libvirt(plan), root=root)
+    )
 
 
 def host_problems(checks: Sequence[HostCheck]) -> list[str]:
