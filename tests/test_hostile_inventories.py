@@ -175,3 +175,38 @@ def test_a_hostile_value_in_group_vars_is_named_the_same(tmp_path):
     assert done.stderr.startswith(
         f"virtlab: {inventory}: host h1: virtlab_workdir: '/srv/$(id)' is not a plain directory"
     ), done.stderr
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "qemu:///system",
+        "qemu+unix:///system?socket=/run/virtlab/libvirtd/sock",
+        "qemu+ssh://bench@198.18.7.1:2200/system",
+        "qemu+ssh://[fe80::1]:22/system",
+        "qemu+libssh2://root@10.0.0.1/system?keyfile=/srv/lab/id_ed25519&known_hosts=/srv/lab/known_hosts"
+        "&known_hosts_verify=normal&sshauth=privkey",
+        "qemu+tls://lab1.example/system",
+    ],
+)
+def test_the_uris_virtlab_makes_and_users_write_are_accepted(uri):
+    from virtlab.hosts.libvirt_uri import uri_problem
+
+    assert uri_problem(uri) is None
+
+
+def test_a_plan_s_host_table_is_judged_by_the_same_rule():
+    """A ``[[host]]`` table with the inventory's hostile libvirt_uri is refused naming its key."""
+    from virtlab.plan import parse_plan
+
+    text = (
+        '[[host]]\nname = "lab1"\naddress = "10.0.0.1"\nlibvirt_uri = "qemu+ssh://-oProxyCommand=x/system"\n\n'
+        '[study]\nname = "s"\n\n[[environment]]\nname = "n"\nkind = "native"\n\n'
+        '[[workload]]\nname = "p"\nkind = "primes"\nn = 1000\n'
+    )
+    with pytest.raises(InputError) as caught:
+        parse_plan(text, "lab.toml", Path("."))
+    assert caught.value.where == "lab.toml"
+    assert caught.value.problem.startswith(
+        "host[0] (lab1).libvirt_uri: its host '-oProxyCommand=x' is not a plain name"
+    ), caught.value.problem

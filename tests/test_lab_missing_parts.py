@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,12 +42,21 @@ def user():
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, user):
-    """fleet-1 runs a libvirtd of its own, fleet-2 none and lets ``user`` in besides root."""
-    directory = tmp_path_factory.mktemp("missing") / "fleet"
-    made = fleet_mod.up(2, directory, libvirt=["fleet-1"], sshd_options={"fleet-2": [f"AllowUsers {user}"]})
-    yield made
-    fleet_mod.down(directory)
+def lab(user):
+    """fleet-1 runs a libvirtd of its own, fleet-2 none and lets ``user`` in besides root. Not in
+    pytest's tmp_path: its directories are root's alone (0700), and sshd reads the fleet's
+    authorized_keys as the user who logs in."""
+    parent = Path(tempfile.mkdtemp(prefix="virtlab-missing-"))
+    parent.chmod(0o755)
+    directory = parent / "fleet"
+    try:
+        made = fleet_mod.up(
+            2, directory, libvirt=["fleet-1"], sshd_options={"fleet-2": [f"AllowUsers {user}"]}
+        )
+        yield made
+        fleet_mod.down(directory)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def vm_plan(directory: Path, inventory: Path, host: str) -> Path:
