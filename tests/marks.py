@@ -46,6 +46,8 @@ TEST_TOOLS: dict[str, str] = {
     "blastn": "ncbi-blast+",
     "makeblastdb": "ncbi-blast+",
     "ssh": "openssh-client",
+    "sudo": "sudo",
+    "useradd": "passwd",
     "ping": "iputils-ping",
     "busybox": "busybox",
     "chromium": "chromium",

@@ -120,7 +120,9 @@ def test_up_prints_the_hosts_and_writes_their_files(started):
     assert [h["name"] for h in printed["hosts"]] == ["fleet-1", "fleet-2", "fleet-3"]
     addresses = [ipaddress.IPv4Address(h["address"]) for h in printed["hosts"]]
     subnet = ipaddress.IPv4Network(printed["subnet"])
-    assert subnet.subnet_of(FLEET_RANGE) and not subnet.overlaps(network.RANGE)
+    # virtlab's benchmarking range, in the half its own bridges never take
+    assert subnet.subnet_of(FLEET_RANGE) and subnet.subnet_of(network.RANGE)
+    assert not subnet.overlaps(network.BRIDGE_RANGE) and not FLEET_RANGE.overlaps(network.BRIDGE_RANGE)
     assert len(set(addresses)) == 3 and all(a in subnet for a in addresses)
     assert {h["user"] for h in printed["hosts"]} == {"root"} and {h["port"] for h in printed["hosts"]} == {22}
     assert printed["inventory"] == str(fleet.dir / "inventory.ini")
@@ -323,9 +325,9 @@ def test_down_never_kills_a_reused_pid(tmp_path):
     try:
         record = {
             "format": "virtlab-fleet", "version": 1, "id": "zzzz", "dir": str(tmp_path),
-            "subnet": "10.198.255.0/24", "created_dir": False,
+            "subnet": "198.19.255.0/24", "created_dir": False,
             "hosts": [
-                {"name": f"fleet-{i}", "netns": f"vlfleet-zzzz-{i}", "address": f"10.198.255.{10 + i}",
+                {"name": f"fleet-{i}", "netns": f"vlfleet-zzzz-{i}", "address": f"198.19.255.{10 + i}",
                  "workdir": str(tmp_path / f"fleet-{i}"), "sshd_dir": str(tmp_path / "sshd" / f"fleet-{i}"),
                  "sshd_pid": process.pid, "sshd_start": network.process_start_time(process.pid) + offset}
                 for i, (process, offset) in enumerate([(stranger, 1), (mine, 0)], start=1)

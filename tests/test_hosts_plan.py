@@ -157,8 +157,9 @@ def test_older_variable_names_home_paths_and_ungrouped_hosts(tmp_path):
         ("name.yml", 'all:\n  hosts:\n    "fe80::1":\n', "host fe80::1: virtlab cannot use this name",
          "use letters, digits, . _ -"),
         ("user.ini", "lab1 ansible_user=-oProxyCommand=x\n",
-         "host lab1: user: '-oProxyCommand=x' is not a plain name (letters, digits, '.', '-', '_', ':') "
-         "(got '-oProxyCommand=x')", "fix that host's variables in the inventory"),
+         "host lab1: ansible_user: '-oProxyCommand=x' is not a plain name (letters, digits, '.', '-', '_', "
+         "':') (got '-oProxyCommand=x')",
+         "correct ansible_user of lab1 in the inventory (or in its host_vars/group_vars)"),
         ("undefined.ini", 'h1 ansible_host="{{ nowhere_defined }}"\n',
          "host h1: ansible_host: Ansible cannot render '{{ nowhere_defined }}': "
          "'nowhere_defined' is undefined",
@@ -477,6 +478,8 @@ def test_the_check_script_s_sections_become_the_host_s_facts():
     assert (root["privilege"], root["kvm"], root["numa_nodes"]) == ("root", "present, not probed", None)
     sudo = read_facts(parse_sections("== privilege\nsudo"), [], Host("here"))
     assert sudo["privilege"] == "passwordless sudo" and sudo["host_key"] == "not used (this machine)"
+    asks = read_facts(parse_sections("== privilege\npassword"), [], Host("here"))
+    assert asks["privilege"] == "sudo asks for a password"
 
 
 def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
@@ -485,10 +488,17 @@ def test_a_host_fails_for_what_the_plan_needs_and_is_warned_for_the_rest():
         "missing what the plan runs there: nuttcp; install it on that host "
         "(or place those environments elsewhere)",
     )
-    assert warnings == (
-        "neither root nor passwordless sudo: containers, libvirt and the plan's controls need root there; "
-        "log in as root or allow that user sudo without a password",
+    no_root = (
+        "the user it logs in as is not root, and no sudo there: containers and Pods there need root, "
+        "and virtlab never types a password; log in as root (ansible_user=root)"
     )
+    assert warnings == (no_root,)
+    # where the plan runs a container there, the same words fail the host
+    assert verdict(facts_of(), [], needs_root=True) == ((no_root,), ())
+    asked = no_root.replace("no sudo there", "sudo asks for a password there")
+    assert verdict(facts_of(privilege="sudo asks for a password"), [], needs_root=True) == ((asked,), ())
+    assert verdict(facts_of(privilege="passwordless sudo"), [], needs_root=False) == ((), ())
+    assert verdict(facts_of(privilege="root"), [], needs_root=True) == ((), ())
     assert verdict(facts_of(), ["nuttcp", "wrk"])[0][0].startswith(
         "missing what the plan runs there: nuttcp, wrk;"
     )
@@ -755,6 +765,16 @@ def test_a_libvirt_that_does_not_connect_fails_a_host_whose_vms_need_it_and_warn
     facts = facts_of(privilege="root", libvirt_connection=failed)
     assert verdict(facts, [], libvirt_required=True) == ((said,), ())
     assert verdict(facts, []) == ((), (said,))
+    # what the host itself said of its libvirt, where it said something known, replaces the guess
+    diagnosed = {**failed, "diagnosis": {"problem": "no libvirtd runs on h: its socket is not there (...)",
+                                         "fix": "start libvirtd on h"}}  # fmt: skip
+    assert verdict(facts_of(privilege="root", libvirt_connection=diagnosed), [], libvirt_required=True) == (
+        (
+            "its libvirt at qemu+libssh2://root@h/system does not connect: no libvirtd runs on h: its "
+            "socket is not there (...); start libvirtd on h",
+        ),
+        (),
+    )
     connected = {**failed, "connects": True, "error": None, "hostname": "h", "daemon_version": "9.0.0"}
     assert verdict(facts_of(privilege="root", libvirt_connection=connected), [], libvirt_required=True) == (
         (),

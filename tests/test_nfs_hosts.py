@@ -35,12 +35,12 @@ from virtlab_cli import virtlab
 
 # -- the parts, on fixed data ---------------------------------------------------------------------
 def test_a_server_for_libnfs_serves_nfsv3_beside_nfsv4_on_tcp_only(tmp_path):
-    text = nfs.render_config(tmp_path, "10.198.0.11", 20490, ["10.198.0.1"], mount_port=20491)
+    text = nfs.render_config(tmp_path, "198.19.0.11", 20490, ["198.19.0.1"], mount_port=20491)
     core, export = text.split("EXPORT {")
     assert "Protocols = 3, 4;" in core and "MNT_Port = 20491;" in core and "Enable_UDP = false;" in core
     assert "Protocols = 3, 4;" in export and "Transports = TCP;" in export
-    assert "Clients = 10.198.0.1;" in export
-    plain = nfs.render_config(tmp_path, "10.198.0.11", 20490, ["10.198.0.1"])
+    assert "Clients = 198.19.0.1;" in export
+    plain = nfs.render_config(tmp_path, "198.19.0.11", 20490, ["198.19.0.1"])
     assert "Protocols = 4;" in plain and "MNT_Port" not in plain and "3, 4" not in plain
 
 
@@ -53,11 +53,11 @@ def test_the_datastore_client_follows_the_host_kernel():
 
 def test_the_datastore_is_a_third_virtio_disk_found_by_its_serial():
     files = VmFiles(kernel="k", initrd="i", disk="disk.raw")
-    url = "nfs://10.198.0.11/srv/export/virtlab-vm-1,a.raw"
+    url = "nfs://198.19.0.11/srv/export/virtlab-vm-1,a.raw"
     argv = qemu_argv(VmOptions(disk_bus="ide"), accelerator="tcg", files=files, append="", datastore=url)
     drives = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-drive"]
     assert drives[-1] == (
-        "file=nfs://10.198.0.11/srv/export/virtlab-vm-1,,a.raw,format=raw,if=none,id=datastore,cache=none"
+        "file=nfs://198.19.0.11/srv/export/virtlab-vm-1,,a.raw,format=raw,if=none,id=datastore,cache=none"
     )
     devices = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-device"]
     assert f"virtio-blk-pci,drive=datastore,id=datastore-dev,serial={DATASTORE_SERIAL}" in devices
@@ -68,9 +68,9 @@ def test_the_datastore_is_a_third_virtio_disk_found_by_its_serial():
 
 
 def test_libnfs_names_the_exported_directory_and_a_v4_only_export_says_what_to_do(tmp_path):
-    remote = nfs.NfsExport(Path("/srv/export"), "10.198.0.11", 20490, Path("/srv/server"), host="storage-1",
+    remote = nfs.NfsExport(Path("/srv/export"), "198.19.0.11", 20490, Path("/srv/server"), host="storage-1",
                            mount_port=20491)  # fmt: skip
-    assert remote.nfs_url("virtlab-vm-1.raw") == "nfs://10.198.0.11/srv/export/virtlab-vm-1.raw"
+    assert remote.nfs_url("virtlab-vm-1.raw") == "nfs://198.19.0.11/srv/export/virtlab-vm-1.raw"
     for bad in ("../x.raw", "a b.raw", "x?y", ""):
         with pytest.raises(nfs.NfsError):
             remote.nfs_url(bad)
@@ -90,7 +90,7 @@ def test_the_server_admits_the_study_hosts_by_their_addresses():
 
 
 def test_a_guest_is_told_it_cannot_reach_a_server_on_another_host(tmp_path):
-    export = nfs.NfsExport(Path("/srv/export"), "10.198.0.11", 20490, Path("/srv/s"), host="storage-1")
+    export = nfs.NfsExport(Path("/srv/export"), "198.19.0.11", 20490, Path("/srv/s"), host="storage-1")
     for network in ("bridge", "user"):
         vm = VmEnvironment("vm", VmOptions(network=network), tmp_path)
         with pytest.raises(EnvironmentError_, match='beyond this machine .*: use nfs_access = "datastore"'):

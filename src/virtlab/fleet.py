@@ -73,9 +73,10 @@ from virtlab import testhost, testlibvirtd
 from virtlab.errors import InputError
 from virtlab.hosts import Host, derived_libvirt_uri
 
-FLEET_RANGE = ipaddress.IPv4Network("10.198.0.0/16")
-"""Private (RFC 1918) and apart from virtlab's own 198.18.0.0/15; each fleet takes a /24 of it that
-no address or route of this machine overlaps."""
+FLEET_RANGE = ipaddress.IPv4Network("198.19.0.0/16")
+"""The half of virtlab's benchmarking range (``network.RANGE``, RFC 2544: no company's or lab's real
+network, unlike RFC 1918's 10/8) that virtlab's bridges leave free (``network.BRIDGE_RANGE``); each
+fleet takes a /24 of it that no fleet holds and no address or route of this machine overlaps."""
 SUBNET_PREFIX = 24
 MAX_HOSTS = 64
 HOST_OFFSET = 10
@@ -338,13 +339,16 @@ def up(
     sshd_options: Mapping[str, Sequence[str]] | None = None,
     libvirt: Sequence[str] = (),
     guest_bridge: bool = False,
+    subnet: str | None = None,
 ) -> Fleet:
     """Start ``count`` hosts and write ``DIR/inventory.ini``, ``known_hosts``, the key, ``fleet.json``.
 
     ``sshd_options``: more sshd_config lines for some hosts, by name (one host made different);
     ``libvirt``: the hosts that run a libvirtd of their own; ``guest_bridge``: their guests join
-    the fleet's wire through a bridge in the host. A failure part-way removes what was made before
-    it is raised."""
+    the fleet's wire through a bridge in the host; ``subnet``: the fleet's /24 (default: the first
+    free one of FLEET_RANGE), refused where it overlaps a route or an address of this machine. A
+    failure part-way removes what was made before it is raised."""
+    wanted = _subnet_option(subnet)
     if not 1 <= count <= MAX_HOSTS:
         raise InputError(
             "N", f"a fleet has 1 to {MAX_HOSTS} hosts, not {count}", f"give N from 1 to {MAX_HOSTS}"
@@ -381,7 +385,12 @@ def up(
         down(directory)  # what a reboot left: files of a fleet whose namespaces are gone
     created_dir = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    fleet = _reserve(count, directory, created_dir, libvirt, guest_bridge)
+    try:
+        fleet = _reserve(count, directory, created_dir, libvirt, guest_bridge, wanted)
+    except BaseException:
+        if created_dir:
+            directory.rmdir()
+        raise
     try:
         _build(fleet, sshd_options or {})
     except BaseException as error:
@@ -449,7 +458,12 @@ def _check_machine(libvirt: bool) -> None:
 
 
 def _reserve(
-    count: int, directory: Path, created_dir: bool, libvirt: Collection[str], guest_bridge: bool
+    count: int,
+    directory: Path,
+    created_dir: bool,
+    libvirt: Collection[str],
+    guest_bridge: bool,
+    wanted: ipaddress.IPv4Network | None = None,
 ) -> Fleet:
     """A new id and subnet, recorded in the registry and in ``DIR/fleet.json`` before anything exists."""
     with vnet.directory_lock(REGISTRY_DIR):
@@ -459,7 +473,8 @@ def _reserve(
         fleet_id = secrets.token_hex(2)
         while fleet_id in taken_ids or any(name.startswith(NAME_PREFIX + fleet_id) for name in names):
             fleet_id = secrets.token_hex(2)
-        subnet = _free_subnet({ipaddress.IPv4Network(record["subnet"]) for record in records})
+        taken = {ipaddress.IPv4Network(r["subnet"]): f"fleet {r['id']} of {r['dir']}" for r in records}
+        subnet = _free_subnet(taken, wanted)
         fleet = _planned(fleet_id, directory, subnet, created_dir, range(1, count + 1), libvirt, guest_bridge)
         fleet.save()
         _write_registry(fleet)
@@ -503,32 +518,88 @@ def guest_addresses(subnet: ipaddress.IPv4Network, index: int) -> str:
     return f"{subnet[first]}-{subnet[first + GUESTS_PER_HOST - 1]}"
 
 
-def _free_subnet(taken: set[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """The first /24 of FLEET_RANGE that no fleet holds and no address or route here overlaps."""
-    used = taken | _machine_networks()
+def _free_subnet(
+    taken: Mapping[ipaddress.IPv4Network, str], wanted: ipaddress.IPv4Network | None = None
+) -> ipaddress.IPv4Network:
+    """``wanted``, or else the first /24 of FLEET_RANGE, that no fleet holds (``taken``: subnet ->
+    whose) and no address or route of this machine overlaps: a fleet must never shadow a network
+    this machine reaches. InputError naming what overlaps otherwise."""
+    used = [*_machine_networks().items(), *taken.items()]
+    if wanted is not None:
+        clashes = [what for network, what in used if wanted.overlaps(network)]
+        if clashes:
+            free = _first_free(used)
+            raise InputError(
+                "--subnet",
+                f"{wanted} overlaps {'; '.join(clashes)}: the fleet would shadow it",
+                f"give a /{SUBNET_PREFIX} that overlaps nothing here"
+                + (f" (e.g. {free}, free now), or leave --subnet out" if free else ""),
+            )
+        return wanted
+    free = _first_free(used)
+    if free is None:
+        covering = [what for network, what in used if network.overlaps(FLEET_RANGE)]
+        raise InputError(
+            "virtlab hosts fleet up",
+            f"every /{SUBNET_PREFIX} of {FLEET_RANGE} overlaps {'; '.join(covering[:5])}",
+            "remove that route or address (or fleet), or give --subnet a free /24 elsewhere",
+        )
+    return free
+
+
+def _subnet_option(text: str | None) -> ipaddress.IPv4Network | None:
+    if text is None:
+        return None
+    try:
+        subnet = ipaddress.IPv4Network(text)
+    except ValueError as error:
+        raise InputError(
+            "--subnet", f"{text!r} is not an IPv4 subnet ({error})", "write A.B.C.0/24"
+        ) from None
+    if subnet.prefixlen != SUBNET_PREFIX:
+        raise InputError(
+            "--subnet",
+            f"{subnet} is not a /{SUBNET_PREFIX}",
+            f"give a /{SUBNET_PREFIX}, e.g. {FLEET_RANGE[0]}/24",
+        )
+    return subnet
+
+
+def _first_free(used: Sequence[tuple[ipaddress.IPv4Network, str]]) -> ipaddress.IPv4Network | None:
     for subnet in FLEET_RANGE.subnets(new_prefix=SUBNET_PREFIX):
-        if not any(subnet.overlaps(other) for other in used):
+        if not any(subnet.overlaps(other) for other, _ in used):
             return subnet
-    raise FleetError(
-        f"every /{SUBNET_PREFIX} of {FLEET_RANGE} is taken by a fleet or by this machine's networks"
-    )
+    return None
 
 
-def _machine_networks() -> set[ipaddress.IPv4Network]:
-    """The networks of this namespace's IPv4 addresses and routes (not the default route)."""
-    networks = set()
-    for line in vnet.run_ip(["-o", "-4", "addr", "show"]).splitlines():
-        words = line.split()
-        if "inet" in words:
-            networks.add(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
-    for line in vnet.run_ip(["-4", "route", "show"]).splitlines():
-        # "10.1.2.0/24 dev eth0 …", "default via …", or a type first: "blackhole 10.9.0.0/16".
-        for word in line.split()[:2]:
-            try:
-                networks.add(ipaddress.IPv4Network(word, strict=False))
-                break
-            except ValueError:
-                continue
+def _machine_networks() -> dict[ipaddress.IPv4Network, str]:
+    """The networks of this namespace's IPv4 routes and addresses (``ip -j``), each with the words
+    that name it to the user (``route 10.1.2.0/24 dev eth0``); not the default route, which every
+    subnet overlaps."""
+    networks: dict[ipaddress.IPv4Network, str] = {}
+    for route in json.loads(vnet.run_ip(["-j", "-4", "route", "show"]) or "[]"):
+        if route.get("dst") in (None, "default"):
+            continue
+        try:
+            network = ipaddress.IPv4Network(route["dst"], strict=False)
+        except ValueError:
+            continue
+        words = [
+            "route",
+            *([route["type"]] if route.get("type", "unicast") != "unicast" else []),
+            route["dst"],
+        ]
+        words += [
+            f"{key} {route[field]}" for key, field in (("via", "gateway"), ("dev", "dev")) if route.get(field)
+        ]
+        networks.setdefault(network, "this machine's " + " ".join(words))
+    for link in json.loads(vnet.run_ip(["-j", "-4", "addr", "show"]) or "[]"):
+        for address in link.get("addr_info", []):
+            if address.get("family") == "inet":
+                interface = ipaddress.IPv4Interface(f"{address['local']}/{address['prefixlen']}")
+                networks.setdefault(
+                    interface.network, f"this machine's address {interface} on {link['ifname']}"
+                )
     return networks
 
 
@@ -941,9 +1012,20 @@ def up_command(
             "each at an address of its own on the fleet's wire (the inventory gives the range)",
         ),
     ] = False,
+    subnet: Annotated[
+        str | None,
+        typer.Option(
+            "--subnet",
+            metavar="A.B.C.0/24",
+            help=f"the fleet's /24 (default: the first of {FLEET_RANGE} that overlaps no route or "
+            "address here); refused where it overlaps one",
+        ),
+    ] = None,
 ) -> None:
     """Start hosts fleet-1 … fleet-N and write DIR/inventory.ini for them."""
-    fleet = _exit_on_error(lambda: up(count, directory, libvirt=libvirt or (), guest_bridge=guest_bridge))
+    fleet = _exit_on_error(
+        lambda: up(count, directory, libvirt=libvirt or (), guest_bridge=guest_bridge, subnet=subnet)
+    )
     if as_json:
         typer.echo(json.dumps(fleet.summary(), indent=2))
         return

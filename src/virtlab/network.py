@@ -14,7 +14,8 @@ The whole API::
     cleanup_leftovers()                        # networks of crashed runs (their owner process is gone)
 
 A target namespace is ``None`` (this process's own), a PID (a container's init) or the name of a
-named netns. Every network gets a /24 of 198.18.0.0/15, RFC 2544's benchmarking range: the bridge
+named netns. Every network gets a /24 of 198.18.0.0/16, half of RFC 2544's benchmarking range
+198.18.0.0/15 (the other half is the test fleet's, ``virtlab.fleet``): the bridge
 has no uplink, no route and no NAT, so nothing sent on it leaves the machine. Deleting the network's
 namespace deletes its bridge and every veth pair, including the ends in other namespaces.
 
@@ -43,6 +44,10 @@ from typing import Any
 
 PREFIX = "virtlab-"
 RANGE = ipaddress.IPv4Network("198.18.0.0/15")
+"""RFC 2544's benchmarking range: virtlab's own addresses, no real network's."""
+BRIDGE_RANGE = ipaddress.IPv4Network("198.18.0.0/16")
+"""The half of RANGE whose /24s virtlab's bridges take; the other half, 198.19.0.0/16, is the test
+fleet's (``virtlab.fleet``), so that a fleet and a study's network never share a subnet."""
 SUBNET_PREFIX = 24
 BRIDGE = "br0"
 DEFAULT_MTU = 1500
@@ -100,9 +105,10 @@ class VirtualNetwork:
             _cleanup_locked()
             taken = {record["subnet"] for record in _records()}
             ids = {record["netns"] for record in _records()} | set(named_netns())
-            subnet = next((s for s in RANGE.subnets(new_prefix=SUBNET_PREFIX) if str(s) not in taken), None)
+            subnets = BRIDGE_RANGE.subnets(new_prefix=SUBNET_PREFIX)
+            subnet = next((s for s in subnets if str(s) not in taken), None)
             if subnet is None:
-                raise NetworkError(f"every /{SUBNET_PREFIX} of {RANGE} is in use by a live network")
+                raise NetworkError(f"every /{SUBNET_PREFIX} of {BRIDGE_RANGE} is in use by a live network")
             network_id = secrets.token_hex(2)
             while PREFIX + network_id in ids:
                 network_id = secrets.token_hex(2)

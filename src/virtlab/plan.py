@@ -548,7 +548,8 @@ def _hosts(document: dict[str, Any], source: str, directory: Path) -> tuple[Host
         host = _validated(HostTable, table, source, where).to_host(directory)
         problem = host_problem(host)
         if problem is not None:
-            raise InputError(source, f"{where}.{problem}", "give the values ssh needs to reach it")
+            key, why = problem
+            raise InputError(source, f"{where}.{key}: {why}", "give the values ssh needs to reach it")
         hosts.append(host)
     inventory = document.get("inventory")
     if inventory is not None:

@@ -231,6 +231,9 @@ class Environment(ABC):
     host_tools: ClassVar[dict[str, str]] = {}
     """Programs this kind runs on virtlab's host to drive its environments -> Debian package
     (set-up installs them; a test holds scripts/debian-packages.txt to every kind's list)."""
+    remote_needs_root: ClassVar[bool] = False
+    """On a remote host, it logs in as root (runc's namespaces and cgroups): a host whose user is
+    not root is refused before the study (``virtlab hosts check``), not at provision."""
 
     @classmethod
     def preflight(

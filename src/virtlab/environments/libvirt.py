@@ -31,7 +31,8 @@ The manifest's ``uploads`` gives each volume's name, path on the host, size and 
 
 A remote host of the plan (``host = NAME``) gives the URI (``virtlab.hosts.host_libvirt_uri``), for
 this kind and for ``kind = "vm"`` there (``RemoteVmEnvironment``: the vm keys, defined through that
-host's libvirt). A URI that would accept a host key unchecked is refused (``uri_problem``).
+host's libvirt). A URI that would accept a host key unchecked, or hand ssh an option or libvirt a
+program to run, is refused (``virtlab.hosts.libvirt_uri``).
 
 QEMU runs as the caller's user and group for a local URI (a static DAC label, no relabelling of
 the shared image's files); as the host's configured user for a remote one.
@@ -59,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -81,6 +82,7 @@ from virtlab.environments.guest_vm import (
     numa_layout,
 )
 from virtlab.hosts.guests import guest_interface
+from virtlab.hosts.libvirt_uri import uri_problem
 from virtlab.image import qemu_img_info
 from virtlab.qemu import alive, start_ticks, tail, vcpu_threads_by_name
 from virtlab.qmp import GuestAgentError
@@ -157,28 +159,6 @@ class LibvirtOptions(VmOptions):
         if self.storage_pool and re.search(r"[/\s]", self.storage_pool):
             raise ValueError(f"storage_pool {self.storage_pool!r}: a libvirt pool name has no '/' or spaces")
         return self
-
-
-# URI parameters that make libvirt accept a host key it does not know (or check none).
-_AUTO_ACCEPT = {
-    "no_verify": lambda value: value not in ("", "0"),
-    "known_hosts_verify": lambda value: value != "normal",
-}
-
-
-def uri_problem(uri: str) -> str | None:
-    """Why virtlab does not connect to ``uri`` (not QEMU's driver; a host key accepted unchecked:
-    virtlab reaches every host with strict host key checking), or None."""
-    parts = urlsplit(uri)
-    if parts.scheme.split("+")[0] != "qemu":
-        return f"uri {uri!r}: virtlab drives QEMU through libvirt, so qemu[+transport]://..."
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in _AUTO_ACCEPT and _AUTO_ACCEPT[key](value):
-            return (
-                f"uri {uri!r}: {key}={value} accepts a host key unchecked; virtlab checks host keys "
-                "strictly: remove it (an unknown key belongs in the known_hosts file, checked by hand)"
-            )
-    return None
 
 
 REMOTE_VM_REFUSED = {

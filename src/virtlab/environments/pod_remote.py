@@ -80,6 +80,7 @@ class RemotePodEnvironment(PodSide, SshEnvironment):
     kind = "pod"
     summary = "a Kubernetes Pod run by podman kube play on a remote host of the plan, over SSH"
     Options = RemotePodOptions
+    remote_needs_root = True  # podman's CPU and memory limits on cgroups v1
 
     options: RemotePodOptions
     _stages: Any = None

@@ -156,6 +156,7 @@ class RemoteContainerEnvironment(SshEnvironment):
     kind = "container"
     summary = "an OCI container run by runc on a remote host of the plan, over SSH"
     Options = RemoteContainerOptions
+    remote_needs_root = True
 
     options: RemoteContainerOptions
 

@@ -69,6 +69,7 @@ from virtlab.metadata import cpu_flags_summary
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")  # host names, IPv4/IPv6 addresses, user names
 _PROGRAM = re.compile(r"^[A-Za-z0-9_./+-]+$")
+_REMOTE_PATH = re.compile(r"^[A-Za-z0-9_./+,:@=-]+$")
 # A unix socket path holds at most 107 bytes; ssh appends a random suffix while it binds.
 _SOCKET_PATH_MAX = 80
 # Provisioning steps (mkdir, scp, one compiler run) and teardown get this long beyond the connect.
@@ -673,12 +674,19 @@ class SshEnvironment(Environment):
 
 
 def remote_directory(value: str | None) -> str | None:
-    """A remote directory an option names, normalised: absolute, not /, no '..' (ValueError)."""
+    """A remote directory an option names, normalised: absolute, not /, no '..', and plain: none of
+    the shell's characters (``$``, quotes, spaces, ``;``...), since remote scripts and libvirt's
+    pool definitions carry it (ValueError)."""
     if value is None:
         return None
     path = PurePosixPath(value)
     if not path.is_absolute() or path == PurePosixPath("/") or ".." in path.parts:
         raise ValueError(f"{value!r} must be an absolute remote directory (not /, no '..')")
+    if not _REMOTE_PATH.match(value):
+        raise ValueError(
+            f"{value!r} is not a plain directory (letters, digits and / . _ - + , : @ = only: "
+            "no shell characters)"
+        )
     return str(path)
 
 

@@ -1,6 +1,7 @@
 """The lab's hosts: what they are (``model``), where they come from (a plan's ``[[host]]`` tables:
-``tables``; an Ansible inventory: ``inventory``), how one is reached (``remote``), and
-``virtlab hosts`` (``cli``, imported only by the command line; ``check`` is ``virtlab hosts check``).
+``tables``; an Ansible inventory: ``inventory``), how one is reached (``remote``), which libvirt
+URIs virtlab connects to (``libvirt_uri``), and ``virtlab hosts`` (``cli``, imported only by the
+command line; ``check`` is ``virtlab hosts check``).
 """
 
 from virtlab.hosts.inventory import load_inventory

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,8 +72,9 @@ CHECK_SCRIPT = (
     + PROBE_SCRIPT
     + """section privilege
 if [ "$(id -u)" = 0 ]; then echo root
-elif command -v sudo >/dev/null 2>&1 && sudo -n true </dev/null >/dev/null 2>&1; then echo sudo
-else echo none; fi
+elif ! command -v sudo >/dev/null 2>&1; then echo none
+elif sudo -n true </dev/null >/dev/null 2>&1; then echo sudo
+else echo password; fi
 section numa; ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l
 section kvm; [ -e /dev/kvm ] && echo present
 section tools
@@ -128,13 +129,14 @@ def check_hosts(
     libvirt: Mapping[str, str] | None = None,
     probe_cache: ProbeCache | None = None,
     reprobe: bool = False,
+    root: Collection[str] = (),
 ) -> list[HostCheck]:
     """Every host checked at once (at most ``max_parallel`` at a time), in the order given.
     ``tools``: what to look for on each host (by name), ``needs``: what of it the host must have;
     ``probe_kvm``: the KVM probe's result there (booted when the host's kernel, /dev/kvm or QEMU
     differ from its stored result's, in ``probe_cache``, by default ``ProbeCache()``; always with
     ``reprobe``), or only whether /dev/kvm exists; ``libvirt``: the libvirt URI that must connect
-    for each host whose VMs use it."""
+    for each host whose VMs use it; ``root``: the hosts where what the plan runs needs root."""
     if not hosts:
         return []
     required = libvirt or {}
@@ -144,7 +146,15 @@ def check_hosts(
         wanted, needed = tools.get(host.name, ()), needs.get(host.name, ())
         stored = cache if probe_kvm else None
         return check_host(
-            host, wanted, needed, timeout_s, probe_kvm, required.get(host.name), stored, reprobe
+            host,
+            wanted,
+            needed,
+            timeout_s,
+            probe_kvm,
+            required.get(host.name),
+            stored,
+            reprobe,
+            needs_root=host.name in root,
         )
 
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(hosts)))) as pool:
@@ -160,10 +170,12 @@ def check_host(
     libvirt_uri: str | None = None,
     probe_cache: ProbeCache | None = None,
     reprobe: bool = False,
+    needs_root: bool = False,
 ) -> HostCheck:
     """One host; ``libvirt_uri``: a libvirt there that must connect (without it, the host's own
     ``libvirt_uri`` is tried, and only warned about); ``probe_cache``: the KVM probe's stored
-    results (None: boot it, keep nothing), ``reprobe``: boot it whatever is stored."""
+    results (None: boot it, keep nothing), ``reprobe``: boot it whatever is stored; ``needs_root``:
+    a login that is not root fails it (else it is a warning)."""
     started = time.monotonic()
     looked_for = sorted({*BASE_TOOLS, *tools, *needs})
     cached_key = probe_cache.key(host) if probe_cache is not None and not reprobe else ""
@@ -199,8 +211,13 @@ def check_host(
     finally:
         session.close()
     uri = libvirt_uri or host.libvirt_uri
-    facts["libvirt_connection"] = probe_libvirt(uri, LIBVIRT_TIMEOUT_S) if uri else None
-    problems, warnings = verdict(facts, needs, libvirt_required=libvirt_uri is not None)
+    connection = probe_libvirt(uri, LIBVIRT_TIMEOUT_S) if uri else None
+    if connection is not None and not connection["connects"] and options is not None:
+        connection["diagnosis"] = diagnose_libvirt(host, options, uri)
+    facts["libvirt_connection"] = connection
+    problems, warnings = verdict(
+        facts, needs, libvirt_required=libvirt_uri is not None, needs_root=needs_root
+    )
     return HostCheck(host, True, facts, problems, warnings, time.monotonic() - started)
 
 
@@ -217,7 +234,8 @@ def probe_libvirt(uri: str, timeout_s: float) -> dict[str, Any]:
     unchecked is not tried. A connection that takes longer than ``timeout_s`` is left to its
     thread (libvirt cannot abandon one) and reported as no answer."""
     from virtlab.environments import EnvironmentError_
-    from virtlab.environments.libvirt import daemon_facts, uri_problem
+    from virtlab.environments.libvirt import daemon_facts
+    from virtlab.hosts.libvirt_uri import uri_problem
 
     found: dict[str, Any] = {
         "uri": uri, "connects": False, "hostname": None, "daemon_version": None, "error": None
@@ -243,6 +261,64 @@ def probe_libvirt(uri: str, timeout_s: float) -> dict[str, Any]:
     return {**found, **answer}
 
 
+# Run on the host by ``diagnose_libvirt``: what the far end of libvirt's SSH transport says when it
+# connects to the daemon's socket there. With no input it ends at once, having connected or not.
+_LIBVIRT_HELPER_SCRIPT = """if ! command -v virt-ssh-helper >/dev/null 2>&1; then
+    echo 'virtlab: no virt-ssh-helper'
+    exit 127
+fi
+exec virt-ssh-helper "$1" </dev/null 2>&1
+"""
+_SSH_TRANSPORTS = ("ssh", "libssh2", "libssh")
+# virt-ssh-helper's words -> what is wrong with the host's libvirt, and what fixes it. In order.
+_LIBVIRT_DIAGNOSES = (
+    (("virtlab: no virt-ssh-helper",),
+     "libvirt is not installed on {host} (no virt-ssh-helper on the PATH of {user} there)",
+     "install libvirt there (apt-get install libvirt-daemon-system) and start libvirtd"),
+    (("No such file or directory",),
+     "no libvirtd runs on {host}: its socket is not there ({said})",
+     "start libvirtd on {host} (and name it in virtlab_libvirt_uri); a test fleet's host runs "
+     "one only when the fleet is started with --libvirt {host}"),
+    (("Connection refused",),
+     "libvirt on {host} refuses the connection: its socket is there but no libvirtd accepts on it, "
+     "stopped or crashed ({said})",
+     "restart libvirtd on {host}, then check it again"),
+    (("Permission denied", "authentication", "not authorized", "access denied"),
+     "libvirt on {host} refuses {user}: {said}",
+     "log in to {host} as root (ansible_user=root), or let {user} use libvirt (the libvirt group)"),
+)  # fmt: skip
+
+
+def diagnose_libvirt(host: Host, options: Any, uri: str) -> dict[str, str] | None:
+    """Why the libvirt at ``uri`` (on ``host``, reached with ``options``) did not connect, as
+    the host itself says it: ``virt-ssh-helper``, what libvirt's SSH transport runs there, run over
+    ssh and its words read (``_LIBVIRT_DIAGNOSES``); None when ``uri`` is not over SSH to that host
+    or its words say nothing known (the daemon accepted: the fault is in libvirt's own SSH leg)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme.partition("+")[2] not in _SSH_TRANSPORTS or parts.hostname != options.host.lower():
+        return None
+    script = ["sh", "-c", _LIBVIRT_HELPER_SCRIPT, "virtlab-libvirt", f"qemu://{parts.path or '/system'}"]
+    argv = ["ssh", *ssh_client_options(options), "-n", "-p", str(options.port), options.host,
+            "exec " + shlex.join(script)]  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=LIBVIRT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    said = " ".join(done.stdout.split())[:300]
+    if done.returncode == _SSH_FAILED:
+        return None  # ssh itself failed: the host's own check says why
+    names = {"host": host.name, "user": options.user, "said": said}
+    for needles, problem, fix in _LIBVIRT_DIAGNOSES:
+        if any(needle in said for needle in needles):
+            return {"problem": problem.format(**names), "fix": fix.format(**names)}
+    return None
+
+
+_PRIVILEGES = {"root": "root", "sudo": "passwordless sudo", "password": "sudo asks for a password"}
+
+
 def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) -> dict[str, Any]:
     """The check script's sections (before the clock) -> the host's facts."""
     described = describe_remote(sections)
@@ -250,7 +326,7 @@ def read_facts(sections: dict[str, str], looked_for: Sequence[str], host: Host) 
     numa = sections.get("numa", "").strip()
     return {
         "host_key": "not used (this machine)" if host.is_local else f"verified against {host.known_hosts}",
-        "privilege": {"root": "root", "sudo": "passwordless sudo"}.get(sections.get("privilege", ""), "none"),
+        "privilege": _PRIVILEGES.get(sections.get("privilege", ""), "none"),
         **{
             key: described[key]
             for key in (
@@ -334,10 +410,11 @@ def _clock(session: _Session) -> dict[str, Any]:
 
 
 def verdict(
-    facts: dict[str, Any], needs: Sequence[str], libvirt_required: bool = False
+    facts: dict[str, Any], needs: Sequence[str], libvirt_required: bool = False, needs_root: bool = False
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A reached host's problems (it fails) and warnings, from its facts and what it ``needs``
-    (``libvirt_required``: the plan's VMs use its libvirt, so it must connect)."""
+    (``libvirt_required``: the plan's VMs use its libvirt, so it must connect; ``needs_root``: what
+    the plan runs there needs root)."""
     problems, warnings = [], []
     missing = sorted(tool for tool in needs if not facts["tools"].get(tool))
     if missing:
@@ -347,16 +424,20 @@ def verdict(
         )
     connection = facts.get("libvirt_connection")
     if connection is not None and not connection["connects"]:
+        diagnosis = connection.get("diagnosis")
         (problems if libvirt_required else warnings).append(
-            f"its libvirt at {connection['uri']} does not connect: {connection['error']}; "
+            f"its libvirt at {connection['uri']} does not connect: {diagnosis['problem']}; {diagnosis['fix']}"
+            if diagnosis
+            else f"its libvirt at {connection['uri']} does not connect: {connection['error']}; "
             "libvirtd must run there, with virt-ssh-helper (libvirt-daemon) or nc on its PATH, and "
             "each of its host keys must be in the known_hosts file (libvirt's SSH client may choose "
             "another key type than ssh does)"
         )
-    if facts["privilege"] == "none":
-        warnings.append(
-            "neither root nor passwordless sudo: containers, libvirt and the plan's controls need "
-            "root there; log in as root or allow that user sudo without a password"
+    if facts["privilege"] in ("none", _PRIVILEGES["password"]):
+        said = "sudo asks for a password there" if facts["privilege"] != "none" else "no sudo there"
+        (problems if needs_root else warnings).append(
+            f"the user it logs in as is not root, and {said}: containers and Pods there "
+            "need root, and virtlab never types a password; log in as root (ansible_user=root)"
         )
     offset, uncertainty = facts["clock_offset_s"], facts["clock_uncertainty_s"]
     if offset is None:

@@ -52,7 +52,7 @@ def check(
     """Reach every host over SSH (host key verified) and read what it offers; exit 1 if one fails."""
     from virtlab.hosts.check import MAX_PARALLEL, check_hosts, render
 
-    hosts, tools, needs, libvirt = hosts_to_check(source)
+    hosts, tools, needs, libvirt, root = hosts_to_check(source)
     checks = check_hosts(
         hosts,
         tools,
@@ -61,6 +61,7 @@ def check(
         probe_kvm=kvm_probe,
         libvirt=libvirt,
         reprobe=reprobe,
+        root=root,
     )
     if as_json:
         document = {
@@ -77,20 +78,21 @@ def check(
 
 def hosts_to_check(
     source: Path,
-) -> tuple[tuple[Host, ...], dict[str, list[str]], dict[str, list[str]], dict[str, str]]:
-    """The hosts of a plan or an inventory, the tools to look for on each, those each must have, and
-    the libvirt each must let the plan's VMs reach (by URI): a plan's hosts must have what the plan
-    runs there (its workloads' tools, the compiler that builds the kernels there, the libvirt of its
-    VMs); an inventory's are only looked at (every workload's tools, the libvirt_uri it gives)."""
+) -> tuple[tuple[Host, ...], dict[str, list[str]], dict[str, list[str]], dict[str, str], set[str]]:
+    """The hosts of a plan or an inventory, the tools to look for on each, those each must have, the
+    libvirt each must let the plan's VMs reach (by URI), and those that must let root in: a plan's
+    hosts must have what the plan runs there (its workloads' tools, the compiler that builds the
+    kernels there, the libvirt of its VMs, root for its containers); an inventory's are only looked
+    at (every workload's tools, the libvirt_uri it gives)."""
     from virtlab.hosts.inventory import load_inventory
     from virtlab.workloads import WORKLOADS
 
     every_tool = sorted({tool for _, cls in WORKLOADS for tool in cls.tools})
     if source.suffix not in PLAN_SUFFIXES:
         hosts = load_inventory(source)
-        return hosts, {host.name: every_tool for host in hosts}, {}, {}
+        return hosts, {host.name: every_tool for host in hosts}, {}, {}, set()
     from virtlab.plan import load_plan
-    from virtlab.study.preflight import host_libvirt, host_needs
+    from virtlab.study.preflight import host_libvirt, host_needs, root_hosts
 
     plan = load_plan(source)
     if not plan.hosts:
@@ -98,4 +100,5 @@ def hosts_to_check(
             str(source), "the plan declares no hosts", 'add [[host]] tables or inventory = "lab.ini" to it'
         )
     needs = host_needs(plan)
-    return plan.hosts, {host.name: every_tool for host in plan.hosts}, needs, host_libvirt(plan)
+    tools = {host.name: every_tool for host in plan.hosts}
+    return plan.hosts, tools, needs, host_libvirt(plan), root_hosts(plan)

@@ -34,6 +34,20 @@ from virtlab.hosts.remote import host_problem
 from virtlab.hosts.tables import NAME_PATTERN, beside
 
 _SSH_CONNECTIONS = ("ssh", "smart", "paramiko", "paramiko_ssh")
+INVENTORY_KEYS = {
+    "address": "ansible_host",
+    "user": "ansible_user",
+    "port": "ansible_port",
+    "identity": "ansible_ssh_private_key_file",
+    "known_hosts": "virtlab_known_hosts",
+    "libvirt_uri": "virtlab_libvirt_uri",
+    "workdir": "virtlab_workdir",
+    "test_address": "virtlab_test_address",
+    "bridge": "virtlab_bridge",
+    "guest_addresses": "virtlab_guest_addresses",
+    "guest_prefix": "virtlab_guest_prefix",
+}
+"""A host's key (``Host``, a plan's ``[[host]]``) -> the inventory variable that gives it."""
 _FIX = "give an Ansible inventory (INI or YAML) that ansible-inventory --list -i FILE reads"
 
 
@@ -122,7 +136,12 @@ def _host(name: str, values: dict[str, Any], groups: tuple[str, ...], path: Path
     )
     problem = host_problem(host)
     if problem is not None:
-        raise InputError(str(path), f"{where}: {problem}", "fix that host's variables in the inventory")
+        variable = INVENTORY_KEYS[problem[0]]
+        raise InputError(
+            str(path),
+            f"{where}: {variable}: {problem[1]}",
+            f"correct {variable} of {name} in the inventory (or in its host_vars/group_vars)",
+        )
     return host
 
 

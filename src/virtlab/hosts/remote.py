@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from virtlab.hosts.model import Host
 if TYPE_CHECKING:
     from virtlab.environments.ssh import SshOptions
 
+_INTERFACE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")  # a Linux interface name
 # The ssh kind's option -> the host key that gives it.
 _HOST_KEYS = {"host": "address", "identity_file": "identity", "workdir_parent": "workdir"}
 
@@ -54,17 +56,28 @@ def ssh_options(
     return validated
 
 
-def host_problem(host: Host) -> str | None:
-    """Why ``host``'s values cannot reach it over SSH (a user name ssh would read as an option, a
-    port out of range) or cannot give its guests addresses, or None; checked where the host is read,
-    so that a bad inventory line is bad input before anything runs."""
+def host_problem(host: Host) -> tuple[str, str] | None:
+    """(the ``Host`` key, why) of the first value of ``host`` that cannot reach it over SSH (a user
+    name ssh would read as an option, a port out of range, a workdir holding shell), that libvirt
+    would hand a program or an option (``libvirt_uri``), or that cannot give its guests addresses;
+    or None. Checked where the host is read (a plan's table, an inventory), so that every command
+    refuses the same values with the same words before anything connects."""
+    from virtlab.hosts.libvirt_uri import uri_problem
+
+    if host.bridge is not None and not _INTERFACE.match(host.bridge):
+        return "bridge", f"{host.bridge!r} is not an interface name (letters, digits, . _ -; 15 at most)"
     if host.guest_addresses is not None:
         if host.bridge is None:
-            return "guest_addresses: its guests take them on its bridge, and it declares none (give bridge)"
+            return "guest_addresses", "its guests take them on its bridge, and it declares none (give bridge)"
         try:
             guest_range(host.guest_addresses, host.guest_prefix)
         except ValueError as error:
-            return f"guest_addresses: {error}"
+            return "guest_addresses", str(error)
+    if host.libvirt_uri is not None:
+        problem = uri_problem(host.libvirt_uri)
+        if problem is not None:
+            said = problem.removeprefix(f"uri {host.libvirt_uri!r}: ")
+            return "libvirt_uri", f"{said} (got {host.libvirt_uri!r})"
     if host.address is None:
         return None
     try:
@@ -72,9 +85,8 @@ def host_problem(host: Host) -> str | None:
     except ValidationError as error:
         first = error.errors()[0]
         option = str(first["loc"][0])  # SshOptions checks fields, each error is at one
-        key = _HOST_KEYS.get(option, option)
         message = first["msg"].removeprefix("Value error, ")
-        return f"{key}: {message} (got {first.get('input')!r})"
+        return _HOST_KEYS.get(option, option), f"{message} (got {first.get('input')!r})"
     return None
 
 

@@ -173,14 +173,12 @@ def _host_pair(inventory: Path | None, source: str | None, destination: str | No
         return None
     if inventory is None or source is None or destination is None:
         raise typer.BadParameter("give --inventory, --from and --to together", param_hint="--inventory")
-    from virtlab.errors import InputError
-    from virtlab.numa.crosshost import hosts_from_inventory
+    from virtlab.numa.crosshost import check_pair, hosts_from_inventory
 
-    try:
-        return hosts_from_inventory(inventory, source, destination)
-    except InputError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(2) from None
+    # InputError reaches virtlab.cli.main: the same message and exit 2 as every command's.
+    pair = hosts_from_inventory(inventory, source, destination)
+    check_pair(pair, inventory)
+    return pair
 
 
 @numa_app.command("serve-migration", hidden=True)

@@ -151,6 +151,23 @@ def hosts_from_inventory(path: Path, source: str, destination: str) -> HostPair:
     return HostPair(hosts[source], hosts[destination])
 
 
+def check_pair(pair: HostPair, path: Path) -> None:
+    """Both hosts reached over SSH and their libvirt connected, as ``virtlab hosts check`` does it,
+    before any guest boots; InputError naming the host, its libvirt and the fix otherwise (exit 2)."""
+    for host in pair.hosts:
+        check = check_host(
+            host, (), (), _CLOCK_TIMEOUT_S, probe_kvm=False, libvirt_uri=host_libvirt_uri(host)
+        )
+        if not check.ok:
+            raise InputError(
+                str(path),
+                f"host {host.name}: {check.problems[0]}",
+                f"a migration between hosts needs a libvirtd on each that this machine reaches: give "
+                f"{host.name} virtlab_libvirt_uri in the inventory (or let virtlab make one of its ssh "
+                f"values); a test fleet's host has one when the fleet is started with --libvirt {host.name}",
+            )
+
+
 def remote_virtlab(host: Host, args: Sequence[str]) -> list[str]:
     """``ssh`` into ``host`` running this virtlab with this Python (the host must have both at these
     paths: a fleet's hosts share this machine's files), its arguments quoted for the remote shell."""
@@ -501,9 +518,18 @@ class Lab:
         _libvirt_events()
         libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         self.pair, self.workdir = pair, workdir
-        self.connections = {h.name: libvirt.open(host_libvirt_uri(h)) for h in pair.hosts}
-        self.clocks = {h.name: measure_clock(h) for h in pair.hosts}
         self.guests: list[HostGuest] = []
+        self.connections: dict[str, Any] = {}
+        for host in pair.hosts:
+            uri = host_libvirt_uri(host)
+            try:
+                self.connections[host.name] = libvirt.open(uri)
+            except libvirt.libvirtError as error:
+                self.close()
+                raise MigrationError(
+                    f"host {host.name}: its libvirt at {uri} does not connect: {error.get_error_message()}"
+                ) from None
+        self.clocks = {h.name: measure_clock(h) for h in pair.hosts}
 
     def host(self, name: str) -> Host:
         return next(h for h in self.pair.hosts if h.name == name)

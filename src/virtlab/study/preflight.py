@@ -149,6 +149,11 @@ def host_libvirt(plan: Plan) -> dict[str, str]:
     return uris
 
 
+def root_hosts(plan: Plan) -> set[str]:
+    """The hosts where the plan runs what needs root (``Environment.remote_needs_root``)."""
+    return {env.host for env in plan.environments if env.host is not None and env.cls.remote_needs_root}
+
+
 def check_plan_hosts(plan: Plan) -> tuple[HostCheck, ...]:
     """Every host the plan's environments use, each checked once, all at once (``virtlab hosts
     check``), as the study records them: this machine too, by the same script, so that the hosts'
@@ -162,7 +167,11 @@ def check_plan_hosts(plan: Plan) -> tuple[HostCheck, ...]:
     tools = {tool for spec in plan.workloads for tool in spec.workload.tools}
     looked_for = {host.name: sorted({*tools, *needs.get(host.name, ())}) for host in hosts}
     probe = any(env.kind in ("vm", "libvirt") for env in plan.environments)
-    return tuple(check_hosts(hosts, looked_for, needs, probe_kvm=probe, libvirt=host_libvirt(plan)))
+    return tuple(
+        check_hosts(
+            hosts, looked_for, needs, probe_kvm=probe, libvirt=host_libvirt(plan), root=root_hosts(plan)
+        )
+    )
 
 
 def host_problems(checks: Sequence[HostCheck]) -> list[str]:
