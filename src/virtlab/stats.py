@@ -38,6 +38,10 @@ __all__ = [
     "change_pct",
     "interval_verdict",
     "interval_verdicts",
+    "judge_overhead",
+    "judgement_of",
+    "Judgement",
+    "VERDICT_METHODS",
     "overhead_ci95",
     "overhead_intervals",
     "mann_whitney_u",
@@ -655,3 +659,60 @@ def permutation_p(a: Iterable[float], b: Iterable[float], seed: int = OVERHEAD_S
         alternative="two-sided", rng=np.random.default_rng(seed),
     )  # fmt: skip
     return min(1.0, float(result.pvalue))
+
+
+VERDICT_METHODS = ("interval", "point")
+"""How a cell's mark is decided: ``interval`` by the whole 95% interval (○, × or ?), ``point`` by
+the point estimate alone, as seed 000 marked its Table 15 (○ or ×)."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One cell against its baseline's: the overhead, its 95% interval, and both marks."""
+
+    overhead_pct: float | None
+    overhead_ci95: tuple[float, float] | None
+    verdict: str | None
+    """The mark by the study's method (:data:`VERDICT_METHODS`)."""
+    point_verdict: str | None
+    """The paper's mark: the point estimate against the threshold."""
+    trials_to_decide: int | None
+    """For an undecided interval verdict: about how many trials a cell would decide it (None: not
+    undecided, or not within :data:`DECIDE_LIMIT`)."""
+
+
+def judge_overhead(
+    values: Sequence[float],
+    baseline: Sequence[float],
+    better: Better,
+    reduction: str = "trimmed-mean",
+    threshold_pct: float = 10.0,
+    method: str = "interval",
+    paired: bool = False,
+) -> Judgement:
+    """The overhead of ``values`` against ``baseline`` (both raw trials, reduced by ``reduction``)
+    with its interval and marks. ``paired``: trial i of each side ran in the same round."""
+    value = summarize(values, better, reduction).value
+    base = summarize(baseline, better, reduction).value
+    overhead = overhead_pct(value, base, better)
+    ci95 = overhead_ci95(values, baseline, better, reduction, paired) if overhead is not None else None
+    return judgement_of(overhead, ci95, min(len(values), len(baseline)), threshold_pct, method)
+
+
+def judgement_of(
+    overhead: float | None, ci95: tuple[float, float] | None, n: int, threshold_pct: float, method: str
+) -> Judgement:
+    """The marks of an ``overhead`` with its interval ``ci95`` over ``n`` trials a side."""
+    if method not in VERDICT_METHODS:
+        raise ValueError(f"unknown verdict method {method!r}; valid: {', '.join(VERDICT_METHODS)}")
+    point, decided = verdict(overhead, threshold_pct), interval_verdict(overhead, ci95, threshold_pct)
+    needed = None
+    if method == "interval" and decided == MARK_UNDECIDED and ci95 is not None and overhead is not None:
+        needed = trials_to_decide(overhead, ci95, n, threshold_pct)
+    return Judgement(
+        overhead_pct=overhead,
+        overhead_ci95=ci95,
+        verdict=decided if method == "interval" else point,
+        point_verdict=point,
+        trials_to_decide=needed,
+    )
