@@ -524,9 +524,34 @@ class ReportContext:
         return (("", leading), *groups) if leading else tuple(groups)
 
 
-def verdict_cell(mark: str | None) -> Cell:
-    """A verdict mark as a table shows it: ○ fine, × flagged."""
-    return Cell(mark or "", "ok" if mark == stats.MARK_OK else "bad")
+def verdict_cell(mark: str | None, beside: str = "") -> Cell:
+    """A verdict mark as a table shows it: ○ fine, × flagged, ? undecided; ``beside``: what follows
+    it (the paper's mark, the trials that would decide it)."""
+    kind = "ok" if mark == stats.MARK_OK else "missing" if mark == stats.MARK_UNDECIDED else "bad"
+    return Cell((mark or "") + (f" {beside}" if beside and mark else ""), kind)
+
+
+def format_overhead(overhead: float, ci95: tuple[float, float] | None) -> str:
+    """An overhead with its 95% interval: ``+9.2 [+3.1, +15.0]``; the point alone without one."""
+    if ci95 is None:
+        return format_pct(overhead)
+    return f"{format_pct(overhead)} [{format_pct(ci95[0])}, {format_pct(ci95[1])}]"
+
+
+def emulation_line(results: Results) -> str:
+    """One line for each table of VM figures when a VM ran under TCG: they measure QEMU's software
+    emulation, not a KVM guest, and why KVM was not used (each VM's manifest says); "" otherwise."""
+    emulated = []
+    for env in results.environments:
+        manifest = env.manifest or {}
+        if str(manifest.get("accelerator", "")).split(" ")[0] == "tcg":
+            reason = first_line(str(manifest.get("accelerator_reason") or "")) or "no reason recorded"
+            emulated.append(f"{env.name} ({reason})")
+    if not emulated:
+        return ""
+    return (
+        f"Emulated: the figures of {_and(emulated)} measure QEMU's software emulation (TCG), not a KVM guest."
+    )
 
 
 def log_excerpt(log: str | None) -> tuple[str, bool]:
