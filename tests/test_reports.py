@@ -427,7 +427,7 @@ def test_html_is_self_contained(sample_html):
     assert not _LOADS.search(html)
     assert "http://" not in html and "https://" not in html
     assert "<link" not in html and "<script" not in html.lower()
-    assert html.count("<svg") == 8  # 7 metrics + 1 time series
+    assert html.count("<svg") == 9  # 7 metrics + 1 time series + the overheads with their intervals
 
 
 def test_html_shows_the_same_tables(sample_html):
@@ -491,8 +491,16 @@ def test_results_csv_has_one_row_per_trial(results, tmp_path):
     path = write_results_csv(results, tmp_path / "results.csv")
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["environment", "workload", "metric", "unit", "better", "trial", "value", "kept"]
+    assert list(rows[0]) == [
+        "environment", "workload", "metric", "unit", "better", "trial", "value", "kept",
+        "overhead_pct", "overhead_ci95_low", "overhead_ci95_high", "verdict", "point_verdict",
+    ]  # fmt: skip
     assert len(rows) == 14 * 12
+    add = [r for r in rows if r["environment"] == "container" and r["metric"] == "add_mb_s"]
+    assert len({(r["overhead_pct"], r["overhead_ci95_low"], r["overhead_ci95_high"]) for r in add}) == 1
+    low, point, high = (float(add[0][k]) for k in ("overhead_ci95_low", "overhead_pct", "overhead_ci95_high"))
+    assert low < point < high and point == pytest.approx(11.7, abs=0.05)
+    assert (add[0]["verdict"], add[0]["point_verdict"]) == ("×", "×")  # a format 1 study: the point method
     pi6 = [r for r in rows if r["environment"] == "native" and r["metric"] == "elapsed_s"][5]
     assert pi6 == {
         "environment": "native",
@@ -503,5 +511,8 @@ def test_results_csv_has_one_row_per_trial(results, tmp_path):
         "trial": "6",
         "value": "1.2733",
         "kept": "false",
+        **dict.fromkeys(
+            ("overhead_pct", "overhead_ci95_low", "overhead_ci95_high", "verdict", "point_verdict"), ""
+        ),
     }
     assert sum(r["kept"] == "false" for r in rows) == 14 * 2

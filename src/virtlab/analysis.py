@@ -16,6 +16,7 @@ from typing import Any
 from virtlab import stats
 from virtlab.baselines import PER_HOST
 from virtlab.results import ENVIRONMENT_KIND, FORMAT_VERSION
+from virtlab.results.model import ROUND_ORDERS
 from virtlab.store import FailureRecord, TrialRecord
 
 
@@ -114,10 +115,6 @@ def judgement_fields(judgement: stats.Judgement) -> dict[str, Any]:
         "point_verdict": judgement.point_verdict,
         "trials_to_decide": judgement.trials_to_decide,
     }
-
-
-ROUND_ORDERS = ("interleave", "shuffle")
-"""The study orders in which round k of every cell runs before any cell's round k + 1."""
 
 
 def common_metadata(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -251,7 +248,8 @@ def build_results(
     baseline_of = baselines_of(environments, study.get("baseline"))
     cells = build_cells(
         trials, workloads, order, baseline_of, study["reduction"], study["threshold_pct"],
-        verdict=study.get("verdict", "interval"), rounds_together=study.get("order", "interleave") in ROUND_ORDERS,
+        verdict=study.get("verdict", "interval"),
+        rounds_together=study.get("order", "interleave") in ROUND_ORDERS,
     )  # fmt: skip
     return {
         "version": FORMAT_VERSION,
