@@ -165,7 +165,7 @@ def _beside_verdict(ctx: ReportContext, cell: ResultCell) -> str:
     study reproduces a paper's table and marks by the interval, the paper's (point) mark."""
     parts = []
     if cell.undecided:
-        parts.append(f"~{cell.trials_to_decide} trials" if cell.trials_to_decide else "not decidable")
+        parts.append(f"about {cell.trials_to_decide} trials" if cell.trials_to_decide else "not decidable")
     if ctx.study.verdict == "interval" and ctx.results.has_section("paper") and cell.point_verdict:
         parts.append(f"paper: {cell.point_verdict}")
     return f"({'; '.join(parts)})" if parts else ""
