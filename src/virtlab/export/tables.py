@@ -47,10 +47,12 @@ from virtlab.export.report_context import (
     format_threshold,
     format_trial,
     format_value,
+    interval_verdict_words,
     log_excerpt,
     note_mark,
     reason_mark,
     short_text,
+    verdict_beside,
     verdict_cell,
 )
 from virtlab.results import Cell as ResultCell
@@ -160,34 +162,9 @@ def overhead_table(ctx: ReportContext) -> Table:
     )
 
 
-def _beside_verdict(ctx: ReportContext, cell: ResultCell) -> str:
-    """What a verdict cell shows after the mark: for a ?, the trials that would decide it; where the
-    study reproduces a paper's table and marks by the interval, the paper's (point) mark."""
-    parts = []
-    if cell.undecided:
-        parts.append(f"about {cell.trials_to_decide} trials" if cell.trials_to_decide else "not decidable")
-    if ctx.study.verdict == "interval" and ctx.results.has_section("paper") and cell.point_verdict:
-        parts.append(f"paper: {cell.point_verdict}")
-    return f"({'; '.join(parts)})" if parts else ""
-
-
 def verdict_table(ctx: ReportContext) -> Table:
     pct = format_threshold(ctx.threshold)
-    if ctx.study.verdict == "point":
-        how = (
-            f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}, {stats.MARK_BAD} = {pct}% or more away "
-            'in either direction, by the point estimate alone ([study] verdict = "point", seed 000, '
-            "Table 15): the overhead tables give each its 95% interval."
-        )
-    else:
-        how = (
-            f"{stats.MARK_OK} = the whole 95% interval of the overhead within {pct}% of {ctx.baseline}, "
-            f"{stats.MARK_BAD} = the whole interval {pct}% or more away in either direction, "
-            f"{stats.MARK_UNDECIDED} = the interval reaches both sides: these trials do not decide it; in "
-            "brackets about how many trials a cell would, at the spread observed."
-        )
-        if ctx.results.has_section("paper"):
-            how += " \u201cpaper\u201d: the mark by the point estimate, as the paper's Table 15 marked."
+    how = interval_verdict_words(ctx, pct)
     return Table(
         key="verdict",
         title=f"Verdict (within \u00b1{pct}% of {ctx.baseline})",
@@ -195,7 +172,7 @@ def verdict_table(ctx: ReportContext) -> Table:
         rows=_judgement_rows(
             ctx,
             lambda cell, _overhead: verdict_cell(
-                cell.verdict if cell else None, _beside_verdict(ctx, cell) if cell else ""
+                cell.verdict if cell else None, verdict_beside(ctx, cell) if cell else ""
             ),
         ),
         caption=_with_emulation(ctx, how) if ctx.others else _only_baseline_caption(ctx),
