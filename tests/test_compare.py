@@ -255,3 +255,9 @@ def test_the_effect_floor_keeps_a_significant_small_change_out():
     assert counted.status == STATUS_WORSE and counted in regressions_over([counted], 4.0)
     assert floored.significant and floored.status == STATUS_NOISE
     assert regressions_over([floored], 0.0) == []
+
+
+def test_a_regression_of_exactly_the_limit_does_not_fail_over_it(changes):
+    triad = by_key(changes, "native", "stream", "triad_mb_s")
+    assert triad not in regressions_over(changes, triad.regression_pct)
+    assert triad in regressions_over(changes, triad.regression_pct - 1e-9)

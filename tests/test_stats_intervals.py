@@ -217,3 +217,74 @@ def test_judge_overhead_without_an_overhead():
     assert judged == stats.Judgement(None, None, None, None, None)
     assert judgement_of(None, None, 0, 10.0, "point") == stats.Judgement(None, None, None, None, None)
     assert judgement_of(3.0, None, 1, 10.0, "interval").verdict == MARK_UNDECIDED
+
+
+def test_many_intervals_at_once_are_each_the_one_alone():
+    rng = np.random.default_rng(4)
+    requests = [
+        stats.IntervalRequest(list(rng.normal(90, 5, 6)), list(rng.normal(100, 5, 6)), "higher", True),
+        stats.IntervalRequest(list(rng.normal(90, 5, 6)), list(rng.normal(100, 5, 6)), "higher", True),
+        stats.IntervalRequest(list(rng.normal(2, 0.1, 6)), list(rng.normal(1.8, 0.1, 6)), "lower", True),
+        stats.IntervalRequest(list(rng.normal(90, 5, 5)), list(rng.normal(100, 5, 7)), "higher", False),
+        stats.IntervalRequest([1.0], [1.0, 2.0], "higher"),  # too few: None
+        stats.IntervalRequest([1.0, 2.0, 3.0], [1.0, 2.0], "higher", True),  # rounds differ: None
+        stats.IntervalRequest([0.1, 0.2, 0.1], [0.0, 0.0, 0.3], "lower"),  # a baseline of 0: None
+    ]
+    alone = [overhead_ci95(r.values, r.baseline, r.better, paired=r.paired) for r in requests]
+    assert stats.overhead_ci95_many(requests) == alone
+    assert alone[:4] == [pytest.approx(a) for a in alone[:4]] and all(a is not None for a in alone[:4])
+    assert alone[4:] == [None, None, None]
+    assert stats.overhead_ci95_many(requests[:1], reduction="median") == [
+        overhead_ci95(requests[0].values, requests[0].baseline, "higher", "median", paired=True)
+    ]
+
+
+def test_trials_to_decide_by_default_against_10_percent_and_with_small_half_widths():
+    # +5 [4.5, 10.5]: only the upper half-width (5.5) reaches the threshold at 10; it must shrink below
+    # 5 / 5.5; at threshold 11 the interval would already be clear
+    n = trials_to_decide(5.0, (4.5, 10.5), 5)
+    assert n is not None and scale(n) / scale(5) < 5 / 5.5 <= scale(n - 1) / scale(5)
+    assert trials_to_decide(5.0, (4.5, 10.5), 5, 11.0) == 5
+    # half-widths below 1 still count: +9.5 [9.0, 10.2]
+    m = trials_to_decide(9.5, (9.0, 10.2), 12)
+    assert scale(m) / scale(12) < 0.5 / 0.7 <= scale(m - 1) / scale(12)
+    # the limit itself is a count that can be found
+    wide = trials_to_decide(5.0, (1.0, 12.0), 5, 10.0, limit=8)
+    assert wide == 8 and trials_to_decide(5.0, (1.0, 12.0), 5, 10.0, limit=7) is None
+    # from 2 trials (the smallest with a spread)
+    two = trials_to_decide(5.0, (1.0, 12.0), 2)
+    assert scale(two) / scale(2) < 5 / 7 <= scale(two - 1) / scale(2)
+    # an interval that just reaches the threshold, shrink exactly 1: one more trial decides
+    assert trials_to_decide(5.0, (0.0, 10.0), 5) == 6
+
+
+def test_judge_overhead_by_default_and_with_another_reduction_and_threshold():
+    base = [100.0, 101.0, 99.0, 102.0, 98.0]
+    slower = [v * 0.88 for v in base]  # 12% in every round
+    default = judge_overhead(slower, base, "higher")
+    assert default.overhead_pct == pytest.approx(12.0) and default.point_verdict == MARK_BAD
+    together = judge_overhead(slower, base, "higher", paired=True)  # the same ratio in every round
+    assert together.verdict == MARK_BAD and together.overhead_ci95 == (
+        pytest.approx(12.0),
+        pytest.approx(12.0),
+    )
+    loose = judge_overhead(slower, base, "higher", threshold_pct=15.0, paired=True)
+    assert (loose.verdict, loose.point_verdict) == (MARK_OK, MARK_OK)
+    # unpaired by default: shuffled rounds give the same interval apart, not together
+    shuffled = slower[::-1]
+    assert judge_overhead(shuffled, base, "higher").overhead_ci95 == overhead_ci95(shuffled, base, "higher")
+    assert judge_overhead(shuffled, base, "higher", paired=True).overhead_ci95 == overhead_ci95(
+        shuffled, base, "higher", paired=True
+    )
+    skewed, base_skewed = [50.0, 90.0, 91.0, 92.0, 200.0], [60.0, 100.0, 100.0, 100.0, 100.0]
+    median = judge_overhead(skewed, base_skewed, "higher", reduction="median")
+    assert median.overhead_pct == pytest.approx(9.0)
+    assert median.overhead_ci95 == overhead_ci95(skewed, base_skewed, "higher", "median")
+    with pytest.raises(ValueError, match="valid: interval, point"):
+        judgement_of(1.0, None, 5, 10.0, "vote")
+
+
+def test_judgement_of_reads_its_threshold():
+    judged = judgement_of(15.0, (12.0, 18.0), 5, 20.0, "interval")
+    assert (judged.verdict, judged.point_verdict) == (MARK_OK, MARK_OK)
+    assert judgement_of(15.0, (12.0, 18.0), 5, 10.0, "interval").verdict == MARK_BAD

@@ -77,6 +77,7 @@ def build_cells(
             cell["context"] = context
         summaries[(environment, workload, metric)] = cell
 
+    judged: list[tuple[dict[str, Any], dict[str, Any], stats.IntervalRequest]] = []
     for (environment, workload, metric), cell in summaries.items():
         against = baseline_of(environment)
         # An environment's own set-up (kind "environment") is described, not judged: the host
@@ -88,9 +89,15 @@ def build_cells(
         if base is None:
             continue
         paired = rounds_together and cell["rounds"] == base["rounds"]
-        judgement = stats.judge_overhead(
-            cell["trials"], base["trials"], cell["better"], reduction, threshold_pct, verdict, paired
-        )
+        request = stats.IntervalRequest(cell["trials"], base["trials"], cell["better"], paired)
+        judged.append((cell, base, request))
+    # every interval at once: one bootstrap per group of cells alike (stats.overhead_ci95_many)
+    intervals = stats.overhead_ci95_many([request for _, _, request in judged], reduction)
+    for (cell, base, _), ci95 in zip(judged, intervals, strict=True):
+        overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
+        n = min(len(cell["trials"]), len(base["trials"]))
+        ci95 = ci95 if overhead is not None else None
+        judgement = stats.judgement_of(overhead, ci95, n, threshold_pct, verdict)
         cell |= judgement_fields(judgement)
 
     rank_env = {name: index for index, name in enumerate(environment_order)}

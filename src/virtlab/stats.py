@@ -19,6 +19,7 @@ difference of 10% or more from the baseline, "○" otherwise) are reproduced by
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -38,6 +39,8 @@ __all__ = [
     "change_pct",
     "interval_verdict",
     "interval_verdicts",
+    "IntervalRequest",
+    "overhead_ci95_many",
     "judge_overhead",
     "judgement_of",
     "Judgement",
@@ -591,14 +594,20 @@ def interval_verdict(
     return str(interval_verdicts(ci95[0], ci95[1], threshold_pct))
 
 
-def _width_scale(n: Any) -> Any:
-    """How an interval's half-width scales with ``n`` trials at a fixed spread: the expanded
-    percentile's normal quantile over sqrt(n), i.e. t(0.975, n - 1) / sqrt(n - 1)."""
+@functools.cache
+def _width_scales(limit: int) -> Any:
+    """How an interval's half-width scales with n trials at a fixed spread, for n = 0 .. ``limit``
+    (nan below 2): the expanded percentile's normal quantile over sqrt(n), i.e.
+    t(0.975, n - 1) / sqrt(n - 1). Computed once: Student's quantile is slow to evaluate."""
     import numpy as np
     from scipy import stats as scipy_stats
 
-    n = np.asarray(n, dtype=float)
-    return scipy_stats.t.ppf(0.975, n - 1) / np.sqrt(n - 1)
+    n = np.arange(limit + 1, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scales = scipy_stats.t.ppf(0.975, n - 1) / np.sqrt(n - 1)
+    scales[:2] = np.nan
+    scales.flags.writeable = False
+    return scales
 
 
 def trials_to_decide(
@@ -606,7 +615,7 @@ def trials_to_decide(
 ) -> int | None:
     """About how many trials a cell marked "?" needs for its interval to clear the threshold, at
     the spread observed over its ``n`` trials: the interval's two half-widths shrink by
-    :func:`_width_scale`, and each must end short of the nearest threshold on its side. None when
+    :func:`_width_scales`, and each must end short of the nearest threshold on its side. None when
     even ``limit`` trials would not do (an overhead right on the threshold)."""
     import numpy as np
 
@@ -618,11 +627,14 @@ def trials_to_decide(
         half = high - overhead if bound > overhead else overhead - low
         if half > 0:
             shrink = min(shrink, abs(bound - overhead) / half)
-    if shrink >= 1.0:
-        return n  # already clear of the threshold at this spread
-    candidates = np.arange(max(n, 2) + 1, limit + 1)
-    enough = np.nonzero(_width_scale(candidates) / _width_scale(max(n, 2)) < shrink)[0]
-    return int(candidates[enough[0]]) if enough.size else None
+    if shrink > 1.0:
+        return n  # already clear of the threshold at this spread (touching it is not)
+    n = max(n, 2)
+    if n >= limit:
+        return None
+    scales = _width_scales(limit)
+    enough = np.nonzero(scales[n + 1 :] / scales[n] < shrink)[0]
+    return int(n + 1 + enough[0]) if enough.size else None
 
 
 def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
@@ -716,3 +728,38 @@ def judgement_of(
         point_verdict=point,
         trials_to_decide=needed,
     )
+
+
+@dataclass(frozen=True)
+class IntervalRequest:
+    """One overhead whose interval :func:`overhead_ci95_many` is asked for."""
+
+    values: Sequence[float]
+    baseline: Sequence[float]
+    better: Better
+    paired: bool = False
+
+
+def overhead_ci95_many(
+    requests: Sequence[IntervalRequest], reduction: str = "trimmed-mean", seed: int = OVERHEAD_SEED
+) -> list[tuple[float, float] | None]:
+    """:func:`overhead_ci95` of every request, the same figures, in one bootstrap per group of
+    requests alike in trial counts, direction and pairing: scipy draws one set of resampling indices
+    for a whole batch, so a cell's interval does not depend on the cells it is batched with, and a
+    study of hundreds of cells costs a few bootstraps instead of hundreds."""
+    import numpy as np
+
+    out: list[tuple[float, float] | None] = [None] * len(requests)
+    groups: dict[tuple[int, int, str, bool], list[int]] = {}
+    for index, request in enumerate(requests):
+        n, m = len(request.values), len(request.baseline)
+        if min(n, m) >= 2 and not (request.paired and n != m):
+            groups.setdefault((n, m, request.better, request.paired), []).append(index)
+    for (_, _, better, paired), indexes in groups.items():
+        values = np.array([_as_floats(requests[i].values) for i in indexes])
+        baseline = np.array([_as_floats(requests[i].baseline) for i in indexes])
+        low, high = overhead_intervals(values, baseline, better, reduction, paired, seed)  # type: ignore[arg-type]
+        for index, lo, hi in zip(indexes, low, high, strict=True):
+            if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+                out[index] = (float(lo), float(hi))
+    return out
