@@ -288,3 +288,30 @@ def test_judgement_of_reads_its_threshold():
     judged = judgement_of(15.0, (12.0, 18.0), 5, 20.0, "interval")
     assert (judged.verdict, judged.point_verdict) == (MARK_OK, MARK_OK)
     assert judgement_of(15.0, (12.0, 18.0), 5, 10.0, "interval").verdict == MARK_BAD
+
+
+def test_judge_overhead_defaults_and_the_reduction_it_is_given():
+    base = [100.0] * 5
+    near = [v * 0.895 for v in base]  # 10.5%: × at the default 10, ○ at 11
+    assert judge_overhead(near, base, "higher").point_verdict == MARK_BAD
+    assert judge_overhead(near, base, "higher", threshold_pct=11.0).point_verdict == MARK_OK
+    skewed = [50.0, 60.0, 91.0, 92.0, 200.0]  # median 91, trimmed mean 81
+    assert judge_overhead(skewed, base, "higher", reduction="median").overhead_pct == pytest.approx(9.0)
+    assert judge_overhead(skewed, base, "higher").overhead_pct == pytest.approx(19.0)
+    assert judge_overhead(base, skewed, "lower", reduction="median").overhead_pct == pytest.approx(
+        100 / 91 * 100 - 100
+    )
+    # a baseline that reduces to 0 has no overhead, and so no interval, whatever its resamples give
+    nothing = judge_overhead([1.0, 2.0, 3.0], [0.0, 0.0, 5.0], "higher")
+    assert nothing.overhead_pct is None and nothing.overhead_ci95 is None and nothing.verdict is None
+
+
+def test_many_intervals_from_two_trials_a_side_and_with_another_seed():
+    two = stats.IntervalRequest([90.0, 95.0], [100.0, 101.0], "higher")
+    assert stats.overhead_ci95_many([two]) == [overhead_ci95(two.values, two.baseline, "higher")]
+    assert stats.overhead_ci95_many([two])[0] is not None
+    rng = np.random.default_rng(5)
+    other = stats.IntervalRequest(list(rng.normal(90, 5, 6)), list(rng.normal(100, 5, 6)), "higher")
+    seeded = stats.overhead_ci95_many([other], seed=1)
+    assert seeded == [overhead_ci95(other.values, other.baseline, "higher", seed=1)]
+    assert seeded != stats.overhead_ci95_many([other])
