@@ -261,3 +261,12 @@ def test_a_regression_of_exactly_the_limit_does_not_fail_over_it(changes):
     triad = by_key(changes, "native", "stream", "triad_mb_s")
     assert triad not in regressions_over(changes, triad.regression_pct)
     assert triad in regressions_over(changes, triad.regression_pct - 1e-9)
+
+
+def test_an_adjusted_p_of_exactly_alpha_is_not_significant():
+    a = study("a", [cell("native", "s", "m", BASE)])
+    b = study("b", [cell("native", "s", "m", scaled(0.95))])
+    (change,) = compare_results(a, b)
+    for alpha in (change.adjusted_p, change.adjusted_permutation_p):
+        (at,) = compare_results(a, b, alpha=alpha)
+        assert not at.significant and at.status == STATUS_NOISE

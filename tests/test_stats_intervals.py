@@ -315,3 +315,10 @@ def test_many_intervals_from_two_trials_a_side_and_with_another_seed():
     seeded = stats.overhead_ci95_many([other], seed=1)
     assert seeded == [overhead_ci95(other.values, other.baseline, "higher", seed=1)]
     assert seeded != stats.overhead_ci95_many([other])
+
+
+def test_judgement_of_asks_for_the_trials_that_decide_against_its_own_threshold():
+    judged = judgement_of(18.0, (14.0, 25.0), 5, 20.0, "interval")
+    assert judged.verdict == MARK_UNDECIDED
+    assert judged.trials_to_decide == trials_to_decide(18.0, (14.0, 25.0), 5, 20.0)
+    assert judged.trials_to_decide != trials_to_decide(18.0, (14.0, 25.0), 5, 10.0)
