@@ -49,12 +49,42 @@ def test_cells_are_grouped_reduced_and_compared_with_the_baseline():
     assert native_pi["overhead_pct"] is None and native_pi["verdict"] is None
     assert vm_pi["value"] == pytest.approx(15.0)
     assert vm_pi["overhead_pct"] == pytest.approx(25.0)
-    assert vm_pi["verdict"] == "×"
-    # higher is better: (100 - 95) / 100 = 5 % loss, within 10 %
+    # the point estimate is beyond 10 %, but native's 100 makes the interval reach down past it
+    assert vm_pi["point_verdict"] == "×" and vm_pi["verdict"] == "?"
+    low, high = vm_pi["overhead_ci95"]
+    assert low < 10 < 25 < high
+    assert vm_pi["trials_to_decide"] > 5 and vm_pi["rounds"] == [0, 1, 2, 3, 4]
+    # higher is better: (100 - 95) / 100 = 5 % loss, within 10 %; identical trials: no doubt at all
     assert vm_cubic["overhead_pct"] == pytest.approx(5.0)
-    assert vm_cubic["verdict"] == "○"
+    assert vm_cubic["verdict"] == vm_cubic["point_verdict"] == "○"
+    assert vm_cubic["overhead_ci95"] == [pytest.approx(5.0), pytest.approx(5.0)]
     assert vm_cubic["series"] == [[95, 95]] * 3
     assert native_cubic["stdev"] == 0.0 and native_cubic["kind"] == "cubic_calc"
+
+
+def test_the_point_method_marks_as_seed_000_did():
+    cells = build_cells(TRIALS, WORKLOADS, ["native", "vm"], "native", "trimmed-mean", 10, verdict="point")
+    vm_pi = next(c for c in cells if (c["environment"], c["workload"]) == ("vm", "pi"))
+    assert vm_pi["verdict"] == vm_pi["point_verdict"] == "×" and vm_pi["trials_to_decide"] is None
+    assert vm_pi["overhead_ci95"] is not None  # the interval is given whatever marks the cell
+
+
+def test_rounds_side_by_side_are_resampled_together():
+    """A drift that hits both environments alike in each round leaves the paired interval narrow;
+    resampled apart (rounds not side by side, or a round missing) the drift widens it."""
+    drift = [100, 140, 90, 160, 120, 80]
+    records = [trial("native", "cubic", i, ops_per_s=v) for i, v in enumerate(drift)] + [
+        trial("vm", "cubic", i, ops_per_s=v * 0.8) for i, v in enumerate(drift)
+    ]
+    together = build_cells(records, WORKLOADS, ["native", "vm"], "native", "mean", 10)[1]
+    apart = build_cells(records, WORKLOADS, ["native", "vm"], "native", "mean", 10, rounds_together=False)[1]
+    missing = build_cells(records[:-1] + [trial("vm", "cubic", 7, ops_per_s=128)], WORKLOADS,
+                          ["native", "vm"], "native", "mean", 10)[1]  # fmt: skip
+    assert together["overhead_ci95"] == [pytest.approx(20.0), pytest.approx(20.0)]
+    assert together["verdict"] == "×"
+    for cell in (apart, missing):
+        low, high = cell["overhead_ci95"]
+        assert low < 10 and high > 30 and cell["verdict"] == "?"
 
 
 def test_a_cell_without_a_baseline_counterpart_has_no_overhead():
@@ -69,7 +99,7 @@ def test_results_document_carries_failures_and_version():
     results = build_results(
         study, {"host": {}}, [{"name": "native"}, {"name": "vm"}], WORKLOADS, TRIALS, [failure]
     )
-    assert results["version"] == 2
+    assert results["version"] == 3
     assert results["failures"] == [
         {
             "environment": "vm",

@@ -95,6 +95,10 @@ def test_compare_gates_on_a_significant_regression(tmp_path):
     assert cell["workload"] in worse.stdout
     assert "regressed by more than 10%" in worse.stderr
     assert virtlab("compare", str(a), str(b), "--fail-over", "50").returncode == 0
+    # an effect floor above the change: significant, yet it does not count
+    floored = virtlab("compare", str(a), str(b), "--fail-over", "10", "--min-effect", "40")
+    assert floored.returncode == 0
+    assert "both adjusted p are below 0.05 and the change is larger than 40%" in floored.stdout
 
 
 def test_image_build_prints_what_it_built(guest_image):

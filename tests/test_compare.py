@@ -156,14 +156,17 @@ def test_compare_markdown(changes):
         "change %",
         "regression %",
         "p",
+        "p (means)",
         "status",
     ]
     triad = next(r for r in rows if r[0].startswith("stream · triad") and r[1] == "native")
-    assert triad[2:] == ["100", "80.0", "-20.0", "+20.0", "\\< 0.001", "worse"]  # three significant digits
+    # three significant digits; both p adjusted over the 4 cells compared
+    assert triad[2:] == ["100", "80.0", "-20.0", "+20.0", "\\< 0.001", "\\< 0.001", "worse"]
+    assert "The 4 cells compared are tested as many" in md
     pi = next(r for r in rows if r[0].startswith("pi · elapsed_s (s, ↓)"))
     assert pi[4:6] == ["+20.0", "+20.0"]
     vm = next(r for r in rows if r[1] == "vm")
-    assert vm[3:] == ["—", "—", "—", "—", "only in A"]
+    assert vm[3:] == ["—", "—", "—", "—", "—", "only in A"]
 
 
 def test_incomparable_units():
@@ -185,8 +188,8 @@ def test_cells_written_with_their_trials_only_compare_through_the_model():
 
 
 def test_a_study_of_a_newer_format_is_refused():
-    newer = {**study("after", []), "version": 3}
-    with pytest.raises(ValueError, match="version 3 is newer"):
+    newer = {**study("after", []), "version": 4}
+    with pytest.raises(ValueError, match="version 4 is newer"):
         compare_results(study("before", []), newer)
 
 
@@ -204,3 +207,66 @@ def test_a_changed_unit_is_incomparable_and_says_both_figures():
     assert change.before == pytest.approx(stats.summarize(BASE, "higher").value)
     assert change.after == pytest.approx(stats.summarize(scaled(0.5), "higher").value)
     assert change.change_pct is None and change.p_value is None
+
+
+def test_both_tests_are_given_and_a_change_counts_only_where_both_find_it():
+    """B's trials all 5% higher, but both sides keep one wild trial: the ranks moved (Mann-Whitney
+    finds it) while the means are lost in the wild trial's spread (the permutation test does not)."""
+    wild = BASE[:-1] + [400.0]
+    a = study("before", [cell("native", "stream", "triad_mb_s", wild)])
+    b = study("after", [cell("native", "stream", "triad_mb_s", scaled(1.05, BASE[:-1]) + [400.0])])
+    (change,) = compare_results(a, b)
+    assert change.p_value < 0.05 and change.permutation_p > 0.05
+    assert not change.significant and change.status == STATUS_NOISE
+    # a clean shift of the same size is found by both
+    (clean,) = compare_results(
+        study("a", [cell("native", "s", "m", BASE)]), study("b", [cell("native", "s", "m", scaled(0.95))])
+    )
+    assert clean.permutation_p < 0.05 and clean.p_value < 0.05 and clean.status == STATUS_WORSE
+
+
+def test_the_permutation_test_is_seeded():
+    a = study("a", [cell("native", "s", "m", BASE)])
+    b = study("b", [cell("native", "s", "m", scaled(0.97))])
+    assert compare_results(a, b)[0].permutation_p == compare_results(a, b)[0].permutation_p
+    assert 0 < compare_results(a, b)[0].permutation_p < 1
+
+
+def test_p_values_are_adjusted_over_the_cells_compared():
+    """One cell changed a little among nine that did not: its raw p is below 0.05, adjusted it is not."""
+    same = [cell("native", f"w{i}", "m", BASE) for i in range(9)]
+    a = study("a", [*same, cell("native", "w9", "m", BASE)])
+    b = study("b", [*same, cell("native", "w9", "m", scaled(0.975))])
+    changes = compare_results(a, b)
+    small = changes[-1]
+    assert small.p_value < 0.05 and small.adjusted_p >= 0.05 and small.status == STATUS_NOISE
+    assert small.adjusted_p == pytest.approx(min(1.0, small.p_value * 10))
+    alone = compare_results(
+        study("a", [cell("native", "w9", "m", BASE)]), study("b", [cell("native", "w9", "m", scaled(0.975))])
+    )[0]
+    assert alone.adjusted_p == alone.p_value and alone.status == STATUS_WORSE
+
+
+def test_the_effect_floor_keeps_a_significant_small_change_out():
+    a = study("a", [cell("native", "s", "m", BASE)])
+    b = study("b", [cell("native", "s", "m", scaled(0.95))])  # 5% less, significant
+    (counted,) = compare_results(a, b, min_effect_pct=4.0)
+    (floored,) = compare_results(a, b, min_effect_pct=6.0)
+    assert counted.status == STATUS_WORSE and counted in regressions_over([counted], 4.0)
+    assert floored.significant and floored.status == STATUS_NOISE
+    assert regressions_over([floored], 0.0) == []
+
+
+def test_a_regression_of_exactly_the_limit_does_not_fail_over_it(changes):
+    triad = by_key(changes, "native", "stream", "triad_mb_s")
+    assert triad not in regressions_over(changes, triad.regression_pct)
+    assert triad in regressions_over(changes, triad.regression_pct - 1e-9)
+
+
+def test_an_adjusted_p_of_exactly_alpha_is_not_significant():
+    a = study("a", [cell("native", "s", "m", BASE)])
+    b = study("b", [cell("native", "s", "m", scaled(0.95))])
+    (change,) = compare_results(a, b)
+    for alpha in (change.adjusted_p, change.adjusted_permutation_p):
+        (at,) = compare_results(a, b, alpha=alpha)
+        assert not at.significant and at.status == STATUS_NOISE

@@ -71,7 +71,8 @@ def test_columns_are_grouped_by_host_and_each_overhead_names_its_baseline():
     assert row[1:] == ["1.00", "2.00", "2.40", "3.00", "3.20"]
     header, row = md_rows(md_section(markdown, "Overhead vs each host's native (%)"))
     assert header[1:] == ["kvm1: kvm1-vm vs kvm1", "xen1: xen1-domu vs xen1"]
-    assert row[1:] == ["+20.0", "+6.7"]
+    # each with its 95% interval: identical trials, so no doubt at all
+    assert row[1:] == ["+20.0 \\[+20.0, +20.0\\]", "+6.7 \\[+6.7, +6.7\\]"]
     header, row = md_rows(md_section(markdown, "Verdict (within ±15% of each host's native)"))
     assert header[1:] == ["kvm1: kvm1-vm vs kvm1", "xen1: xen1-domu vs xen1"] and row[1:] == ["×", "○"]
     environments = md_rows(md_section(markdown, "Environments"))
@@ -122,7 +123,12 @@ def test_one_baseline_across_hosts_keeps_one_title_and_groups_the_columns():
     assert "· baseline here ·" in markdown
     header, row = md_rows(md_section(markdown, "Overhead vs here (%)"))
     assert header[1:] == ["kvm1: kvm1", "kvm1: kvm1-vm", "xen1: xen1", "xen1: xen1-domu"]
-    assert row[1:] == ["+100.0", "+140.0", "+200.0", "+220.0"]
+    assert row[1:] == [
+        "+100.0 \\[+100.0, +100.0\\]",
+        "+140.0 \\[+140.0, +140.0\\]",
+        "+200.0 \\[+200.0, +200.0\\]",
+        "+220.0 \\[+220.0, +220.0\\]",
+    ]
 
 
 def test_a_host_not_reached_says_why_and_a_lab_without_differences_says_so():

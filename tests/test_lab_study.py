@@ -333,7 +333,7 @@ def test_per_host_baselines_and_each_host_s_facts_reach_results_json_and_the_rep
     assert outcome.exit_code == 0 and not outcome.failed_cells and not outcome.failed_environments
     text = (out / "results.json").read_text()
     results = json.loads(text)
-    assert results["version"] == 2 and results["study"]["baseline"] == "per-host"
+    assert results["version"] == 3 and results["study"]["baseline"] == "per-host"
     places = {env["name"]: (env["host"], env["baseline"]) for env in results["environments"]}
     assert places == {
         "here": ("local", "here"), "one": ("fleet-1", "one"), "one-ssh": ("fleet-1", "one"),

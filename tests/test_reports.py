@@ -242,10 +242,10 @@ def test_overhead_sign_follows_the_metric_direction(results):
     table = md_table(render_markdown(results), "Overhead vs native (%)")
     assert table[0] == ["workload · metric", "container", "vm"]
     # higher is better and the container is lower: a loss, positive
-    assert row_of(table, "himeno-m")[1] == "+1.4"
-    assert row_of(table, "stream · add")[1] == "+11.7"
+    assert row_of(table, "himeno-m")[1] == "+1.4 \\[+1.0, +1.9\\]"  # with its 95% interval
+    assert row_of(table, "stream · add")[1] == "+11.7 \\[+10.8, +13.2\\]"
     # lower is better and the container is faster: a gain, negative
-    assert row_of(table, "pi-1m")[1] == "-1.2"
+    assert row_of(table, "pi-1m")[1] == "-1.2 \\[-8.6, -0.3\\]"
 
 
 def test_overhead_is_computed_when_not_stored(results):
@@ -257,8 +257,9 @@ def test_overhead_is_computed_when_not_stored(results):
     )
     himeno["value"] = 2457.839 * 1.05  # container faster than native on a higher-is-better metric
     md = render_markdown(results)
-    assert row_of(md_table(md, "Overhead vs native (%)"), "himeno-m")[1] == "-5.0"
-    assert row_of(md_table(md, "Overhead vs native (%)"), "pi-1m")[1] == "-1.2"
+    # the figure stored wins; the interval is the trials' (which this edit left as they were)
+    assert row_of(md_table(md, "Overhead vs native (%)"), "himeno-m")[1].startswith("-5.0 \\[")
+    assert row_of(md_table(md, "Overhead vs native (%)"), "pi-1m")[1].startswith("-1.2 \\[")
     verdict = md_table(md, "Verdict (within ±10% of native)")
     assert row_of(verdict, "stream · add")[1] == "×"
     assert row_of(verdict, "himeno-m")[1] == "○"
@@ -283,15 +284,34 @@ def test_noise_table_tells_a_cost_beyond_the_noise_from_noise(results):
     table = md_table(render_markdown(results), "Beyond the noise vs native")
     assert table[0] == ["workload · metric", "container", "vm"]
     said = {r[0].split(" (")[0]: r[1] for r in table[1:]}
-    assert said["stream · add_mb_s"] == "worse (p = 3.66e-05)"  # 12 trials each, every one lower
-    assert said["pi-1m · elapsed_s"] == "better (p = 0.00511)"
-    assert said["stream · scale_mb_s"] == "noise (p = 0.0783)"
+    # 12 trials each, every one lower; the p adjusted over the table's 7 tests (Benjamini-Hochberg)
+    assert said["stream · add_mb_s"] == "worse (p = 3.66e-05, adjusted 8.22e-05)"
+    assert said["pi-1m · elapsed_s"] == "better (p = 0.00511, adjusted 0.00596)"
+    assert said["stream · scale_mb_s"] == "noise (p = 0.0783, adjusted 0.0783)"
     assert all(r[2].startswith("—") for r in table[1:])  # vm failed: no trials to test
     for cell in results["cells"]:
         if (cell["environment"], cell["workload"], cell["metric"]) == ("container", "stream", "add_mb_s"):
             cell["trials"] = cell["trials"][:1]
     table = md_table(render_markdown(results), "Beyond the noise vs native")
     assert row_of(table, "stream · add_mb_s")[1] == "too few trials"
+
+
+def test_noise_table_counts_a_cell_only_where_its_adjusted_p_is_below_5_percent(results):
+    """A p below 0.05 among 7 tests, the others without any difference, is no discovery: adjusted
+    by Benjamini-Hochberg it is 7 times as large."""
+    cells = {(c["environment"], c["workload"], c["metric"]): c for c in results["cells"]}
+    for (env, workload, metric), cell in cells.items():
+        if env == "container":
+            cell["trials"] = list(cells[("native", workload, metric)]["trials"])  # p = 1
+            for key in ("value", "overhead_pct", "verdict", "ci95", "kept", "outliers"):
+                cell.pop(key, None)
+    pi = cells[("container", "pi-1m", "elapsed_s")]
+    pi["trials"] = [v * 1.01 for v in pi["trials"]]  # 1% slower: p = 0.012
+    md = render_markdown(results)
+    said = row_of(md_table(md, "Beyond the noise vs native"), "pi-1m")[1]
+    p_value, adjusted = map(float, re.match(r"\w+ \(p = ([0-9.e-]+), adjusted ([0-9.e-]+)\)", said).groups())
+    assert p_value < 0.05 <= adjusted and said.startswith("noise")
+    assert "Benjamini-Hochberg" in md
 
 
 def test_trials_show_every_value_and_mark_dropped_and_outliers(results):
@@ -387,8 +407,8 @@ def test_names_cannot_break_a_markdown_table(results):
 
 
 def test_unsupported_version_is_refused(results):
-    results["version"] = 3
-    with pytest.raises(ValueError, match="version 3"):
+    results["version"] = 4
+    with pytest.raises(ValueError, match="version 4"):
         render_markdown(results)
 
 
@@ -407,7 +427,7 @@ def test_html_is_self_contained(sample_html):
     assert not _LOADS.search(html)
     assert "http://" not in html and "https://" not in html
     assert "<link" not in html and "<script" not in html.lower()
-    assert html.count("<svg") == 8  # 7 metrics + 1 time series
+    assert html.count("<svg") == 9  # 7 metrics + 1 time series + the overheads with their intervals
 
 
 def test_html_shows_the_same_tables(sample_html):
@@ -471,8 +491,16 @@ def test_results_csv_has_one_row_per_trial(results, tmp_path):
     path = write_results_csv(results, tmp_path / "results.csv")
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["environment", "workload", "metric", "unit", "better", "trial", "value", "kept"]
+    assert list(rows[0]) == [
+        "environment", "workload", "metric", "unit", "better", "trial", "value", "kept",
+        "overhead_pct", "overhead_ci95_low", "overhead_ci95_high", "verdict", "point_verdict",
+    ]  # fmt: skip
     assert len(rows) == 14 * 12
+    add = [r for r in rows if r["environment"] == "container" and r["metric"] == "add_mb_s"]
+    assert len({(r["overhead_pct"], r["overhead_ci95_low"], r["overhead_ci95_high"]) for r in add}) == 1
+    low, point, high = (float(add[0][k]) for k in ("overhead_ci95_low", "overhead_pct", "overhead_ci95_high"))
+    assert low < point < high and point == pytest.approx(11.7, abs=0.05)
+    assert (add[0]["verdict"], add[0]["point_verdict"]) == ("×", "×")  # a format 1 study: the point method
     pi6 = [r for r in rows if r["environment"] == "native" and r["metric"] == "elapsed_s"][5]
     assert pi6 == {
         "environment": "native",
@@ -483,5 +511,8 @@ def test_results_csv_has_one_row_per_trial(results, tmp_path):
         "trial": "6",
         "value": "1.2733",
         "kept": "false",
+        **dict.fromkeys(
+            ("overhead_pct", "overhead_ci95_low", "overhead_ci95_high", "verdict", "point_verdict"), ""
+        ),
     }
     assert sum(r["kept"] == "false" for r in rows) == 14 * 2

@@ -18,6 +18,7 @@ from virtlab.results import (
     fio_sweep_point,
     load_results,
     upgrade_results,
+    verdict_of,
 )
 from virtlab.results import format as results_format
 
@@ -43,7 +44,7 @@ def test_a_version_1_file_loads(document, tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(document), encoding="utf-8")
     results = load_results(tmp_path)
     assert load_results(tmp_path / "results.json") == results
-    assert results.version == 2 == FORMAT_VERSION  # upgraded on the way in
+    assert results.version == 3 == FORMAT_VERSION  # upgraded on the way in
     assert (results.study.name, results.study.baseline, results.study.threshold_pct) == (
         "quick",
         "native",
@@ -230,7 +231,7 @@ def test_format_1_is_upgraded_to_one_host_and_the_one_baseline(document):
     )
     upgraded = upgrade_results(document)
     assert document["version"] == 1 and document["environments"][0] == before["environments"][0]  # untouched
-    assert upgraded["version"] == 2 == FORMAT_VERSION
+    assert upgraded["version"] == 3 == FORMAT_VERSION
     assert [(e["name"], e["host"], e["baseline"]) for e in upgraded["environments"]] == [
         ("native", "local", "native"), ("container", "local", "native"), ("vm", "local", "native"),
         ("far", None, "native"),  # reached over SSH: on a machine whose name format 1 did not record
@@ -316,3 +317,33 @@ def test_one_host_keeps_the_plan_s_order_with_the_baseline_first():
     assert not results.multi_host and results.environment_names == ["kvm1", "kvm1-vm", "here", "far"]
     single = Results.from_dict({**copy.deepcopy(LAB), "study": {"baseline": "here"}, "environments": []})
     assert single.baseline_of("anything") == "here" and single.environment_names[0] == "here"
+
+
+def test_format_2_keeps_its_point_marks_and_gets_intervals_from_its_trials(document):
+    """A format 2 study was marked by the point estimate: upgraded, it keeps that method and those
+    marks (as its point marks too), and its overheads get intervals from the trials when read."""
+    document = upgrade_results(document)  # format 1 -> the newest
+    study = {k: v for k, v in document["study"].items() if k != "verdict"}
+    document = {**document, "version": 2, "study": study}
+    for cell in document["cells"]:
+        cell.pop("point_verdict", None)
+    from virtlab.results.format import update_to_3
+
+    upgraded = update_to_3(document)
+    assert upgraded["version"] == 3 and upgraded["study"]["verdict"] == "point"
+    assert all(c["point_verdict"] == c.get("verdict") for c in upgraded["cells"])
+    results = Results.from_dict(document)
+    judged = [c for c in results.cells if c.overhead_pct is not None]
+    assert judged and all(c.verdict == c.point_verdict == stats.verdict(c.overhead_pct) for c in judged)
+    with_trials = [c for c in judged if len(c.finite_trials) >= 2]
+    assert with_trials and all(c.overhead_ci95 is not None for c in with_trials)
+    for cell in with_trials:
+        low, high = cell.overhead_ci95
+        assert low <= high
+
+
+def test_verdict_of_gives_a_cells_mark_by_the_studys_method(document):
+    results = Results.from_dict(document)
+    judged = next(c for c in results.cells if c.overhead_pct is not None)
+    assert verdict_of(results, judged.environment, judged.workload, judged.metric) == judged.verdict
+    assert verdict_of(results, "nowhere", judged.workload, judged.metric) is None

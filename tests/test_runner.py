@@ -71,12 +71,12 @@ def test_a_study_stores_every_trial_and_writes_all_outputs(tmp_path):
     for name in ("results.json", "results.csv", "report.md", "report.html"):
         assert (out / name).stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
-    assert results["version"] == 2
+    assert results["version"] == 3
     assert results["study"]["status"] == "finished"
     real = [c for c in results["cells"] if c["workload"] == "primes-small" and c["metric"] == "real_s"]
     assert [c["environment"] for c in real] == ["native", "other"]
     assert all(len(c["trials"]) == 3 and c["reduction"] == "trimmed-mean" for c in real)
-    assert real[0]["overhead_pct"] is None and real[1]["verdict"] in ("○", "×")
+    assert real[0]["overhead_pct"] is None and real[1]["verdict"] in ("○", "×", "?")
     assert results["metadata"]["host"]["cores"] == os.cpu_count()
     # each environment's own set-up time, once per provisioning
     setup = [c for c in results["cells"] if c["workload"] == SETUP_WORKLOAD]

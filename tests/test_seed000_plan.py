@@ -164,8 +164,11 @@ def check(results: dict[str, Any], report: str) -> None:
 
     # Table 15: ○/× of the disk figures against bare metal, KVM and Xen columns
     disk_verdict = section(report, "Disk against native (seed 000 Table 15)")
-    assert all(c in ("○", "×") for c in row(disk_verdict, "dd write") + row(disk_verdict, "IOR Read"))
-    assert "within 10% of native's figure" in disk_verdict
+    # decided by the interval, the paper's own mark beside: "○ (paper: ○)", "? (about 30 trials; paper: ×)"
+    marks = row(disk_verdict, "dd write") + row(disk_verdict, "IOR Read")
+    shape = r"[○×?]( \((about \d+ trials|not decidable)?(; )?(paper: [○×])?\))?"
+    assert all(re.fullmatch(shape, c) for c in marks), marks
+    assert "within 10% of native" in disk_verdict
 
     # Table 16: scp per cipher; arcfour128 shown as missing with OpenSSH's reason
     scp = section(report, "scp, MB/s (seed 000 Table 16)")

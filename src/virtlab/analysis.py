@@ -16,6 +16,7 @@ from typing import Any
 from virtlab import stats
 from virtlab.baselines import PER_HOST
 from virtlab.results import ENVIRONMENT_KIND, FORMAT_VERSION
+from virtlab.results.model import ROUND_ORDERS
 from virtlab.store import FailureRecord, TrialRecord
 
 
@@ -26,9 +27,14 @@ def build_cells(
     baseline: str | Callable[[str], str | None],
     reduction: str,
     threshold_pct: float,
+    verdict: str = "interval",
+    rounds_together: bool = True,
 ) -> list[dict[str, Any]]:
     """``baseline``: the one environment every overhead is against, or what gives each
-    environment's own from its name (None: it has none)."""
+    environment's own from its name (None: it has none). ``verdict``: how a mark is decided
+    (:data:`virtlab.stats.VERDICT_METHODS`). ``rounds_together``: whether round k of every cell ran
+    side by side (the scheduler's interleaved or shuffled rounds), so that an overhead's interval
+    resamples rounds, each with both of its trials."""
     baseline_of = baseline if callable(baseline) else lambda _env: baseline
     workload_by_name = {workload["name"]: workload for workload in workloads}
     grouped: dict[tuple[str, str, str], list[tuple[int, Any]]] = {}
@@ -54,9 +60,13 @@ def build_cells(
             "unit": first.unit,
             "better": first.better,
             "trials": values,
+            "rounds": [trial for trial, _ in entries],
             **summary,
             "overhead_pct": None,
+            "overhead_ci95": None,
             "verdict": None,
+            "point_verdict": None,
+            "trials_to_decide": None,
             "baseline": None,
         }
         series = [sample.metadata["series"] for _, sample in entries if "series" in sample.metadata]
@@ -67,6 +77,7 @@ def build_cells(
             cell["context"] = context
         summaries[(environment, workload, metric)] = cell
 
+    judged: list[tuple[dict[str, Any], dict[str, Any], stats.IntervalRequest]] = []
     for (environment, workload, metric), cell in summaries.items():
         against = baseline_of(environment)
         # An environment's own set-up (kind "environment") is described, not judged: the host
@@ -77,9 +88,17 @@ def build_cells(
         base = summaries.get((against, workload, metric))
         if base is None:
             continue
+        paired = rounds_together and cell["rounds"] == base["rounds"]
+        request = stats.IntervalRequest(cell["trials"], base["trials"], cell["better"], paired)
+        judged.append((cell, base, request))
+    # every interval at once: one bootstrap per group of cells alike (stats.overhead_ci95_many)
+    intervals = stats.overhead_ci95_many([request for _, _, request in judged], reduction)
+    for (cell, base, _), ci95 in zip(judged, intervals, strict=True):
         overhead = stats.overhead_pct(cell["value"], base["value"], cell["better"])
-        cell["overhead_pct"] = overhead
-        cell["verdict"] = stats.verdict(overhead, threshold_pct)
+        n = min(len(cell["trials"]), len(base["trials"]))
+        ci95 = ci95 if overhead is not None else None
+        judgement = stats.judgement_of(overhead, ci95, n, threshold_pct, verdict)
+        cell |= judgement_fields(judgement)
 
     rank_env = {name: index for index, name in enumerate(environment_order)}
     rank_workload = {workload["name"]: index for index, workload in enumerate(workloads)}
@@ -91,6 +110,18 @@ def build_cells(
             rank_env.get(c["environment"], 1 << 30),
         ),
     )
+
+
+def judgement_fields(judgement: stats.Judgement) -> dict[str, Any]:
+    """A cell's judgement as results.json keeps it."""
+    ci95 = judgement.overhead_ci95
+    return {
+        "overhead_pct": judgement.overhead_pct,
+        "overhead_ci95": list(ci95) if ci95 is not None else None,
+        "verdict": judgement.verdict,
+        "point_verdict": judgement.point_verdict,
+        "trials_to_decide": judgement.trials_to_decide,
+    }
 
 
 def common_metadata(metadata: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -222,7 +253,11 @@ def build_results(
     hosts they ran on, each with its ``facts``."""
     order = [environment["name"] for environment in environments]
     baseline_of = baselines_of(environments, study.get("baseline"))
-    cells = build_cells(trials, workloads, order, baseline_of, study["reduction"], study["threshold_pct"])
+    cells = build_cells(
+        trials, workloads, order, baseline_of, study["reduction"], study["threshold_pct"],
+        verdict=study.get("verdict", "interval"),
+        rounds_together=study.get("order", "interleave") in ROUND_ORDERS,
+    )  # fmt: skip
     return {
         "version": FORMAT_VERSION,
         "study": dict(study),

@@ -158,9 +158,21 @@ def compare(
     after: Annotated[Path | None, typer.Argument(help="results directory B (after)")] = None,
     fail_over: Annotated[
         float | None,
-        typer.Option("--fail-over", help="exit 1 if a cell regressed by more than PCT, significantly"),
+        typer.Option(
+            "--fail-over",
+            help="exit 1 if a cell regressed by more than PCT, significantly by both Mann-Whitney and the "
+            "permutation test of the means (their p adjusted over the cells)",
+        ),
     ] = None,
-    alpha: Annotated[float, typer.Option(help="significance level of the Mann-Whitney U test")] = 0.05,
+    alpha: Annotated[
+        float, typer.Option(help="false discovery rate of the two tests (Benjamini-Hochberg over the cells)")
+    ] = 0.05,
+    min_effect: Annotated[
+        float,
+        typer.Option(
+            "--min-effect", min=0.0, help="a change counts only if significant and larger than PCT either way"
+        ),
+    ] = 0.0,
     paper: Annotated[
         bool, typer.Option("--paper", help="compare A with the paper's figures and findings instead of B")
     ] = False,
@@ -176,8 +188,10 @@ def compare(
         raise InputError("virtlab compare", "one results directory and no --paper", "give B, or add --paper")
     from virtlab.compare import compare_results, regressions_over, render_compare_markdown
 
-    changes = compare_results(_load_results(before), _load_results(after), alpha=alpha)
-    typer.echo(render_compare_markdown(changes, str(before), str(after)))
+    changes = compare_results(
+        _load_results(before), _load_results(after), alpha=alpha, min_effect_pct=min_effect
+    )
+    typer.echo(render_compare_markdown(changes, str(before), str(after), alpha, min_effect))
     if fail_over is not None:
         regressed = regressions_over(changes, fail_over)
         if regressed:

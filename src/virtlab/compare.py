@@ -1,16 +1,18 @@
 """Compare two studies cell by cell: before/after tuning, or one host against another.
 
-Cells are matched by (environment, workload, metric). A change counts only when the
-raw trials differ by a two-sided Mann-Whitney U test, so that run-to-run noise is
-not reported as a regression; its size is given both as the plain change of the
-figure and as a *regression*, positive when the metric got worse whichever way
-it points.
+Cells are matched by (environment, workload, metric). A change counts only when the raw trials
+differ by both a two-sided Mann-Whitney U test (did the distribution move) and a seeded permutation
+test of the difference of the means (did the mean move), each p adjusted by Benjamini-Hochberg over
+every cell compared (many cells tested as many, as Firecracker's A/B tooling does), and when it is
+larger than an effect floor; so that run-to-run noise is not reported as a regression. Its size is
+given both as the plain change of the figure and as a *regression*, positive when the metric got
+worse whichever way it points.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from virtlab import stats
@@ -46,8 +48,15 @@ class CellChange:
     p_value: float | None
     """Two-sided Mann-Whitney U on the raw trials; None when either side has none."""
     significant: bool
+    """Both tests' adjusted p below alpha."""
     status: str
     """worse, better, not significant, not measured, incomparable, only in A, only in B."""
+    permutation_p: float | None = None
+    """Two-sided permutation test of the difference of the means (seeded); None as ``p_value``."""
+    adjusted_p: float | None = None
+    """``p_value`` adjusted by Benjamini-Hochberg over every cell compared."""
+    adjusted_permutation_p: float | None = None
+    """``permutation_p`` adjusted so too."""
 
 
 def _unmatched(cell: ResultCell, in_a: bool) -> CellChange:
@@ -75,7 +84,8 @@ def _unjudged(a: ResultCell, b: ResultCell, status: str) -> CellChange:
     )  # fmt: skip
 
 
-def _matched(a: ResultCell, b: ResultCell, alpha: float) -> CellChange:
+def _matched(a: ResultCell, b: ResultCell) -> CellChange:
+    """A matched cell with its two tests' raw p-values; its status is decided over all cells."""
     before, after = a.value, b.value
     if a.unit != b.unit or a.direction != b.direction:
         # a unit or direction that changed makes any percentage meaningless
@@ -83,31 +93,51 @@ def _matched(a: ResultCell, b: ResultCell, alpha: float) -> CellChange:
     trials_a, trials_b = a.finite_trials, b.finite_trials
     if before is None or after is None or not trials_a or not trials_b:
         return _unjudged(a, b, STATUS_NOT_MEASURED)
-    test = stats.mann_whitney_u(trials_a, trials_b)
-    significant = test.significant(alpha)
-    regression = stats.overhead_pct(after, before, b.direction)
-    if not significant or not regression:
-        status = STATUS_NOISE
-    else:
-        status = STATUS_WORSE if regression > 0 else STATUS_BETTER
     return CellChange(
         b.environment, b.workload, b.metric, b.unit, b.direction, before, after,
         change_pct=stats.change_pct(before, after),
-        regression_pct=regression,
-        p_value=test.p_value,
-        significant=significant,
-        status=status,
+        regression_pct=stats.overhead_pct(after, before, b.direction),
+        p_value=stats.mann_whitney_u(trials_a, trials_b).p_value,
+        significant=False,
+        status=STATUS_NOISE,
+        permutation_p=stats.permutation_p(trials_a, trials_b),
     )  # fmt: skip
 
 
+def _decided(changes: list[CellChange], alpha: float, min_effect_pct: float) -> list[CellChange]:
+    """``changes`` with both tests' p adjusted over the tested cells (Benjamini-Hochberg) and each
+    tested cell's status: worse or better where both adjusted p are below ``alpha`` and the
+    regression is larger than ``min_effect_pct`` either way, not significant otherwise."""
+    tested = [i for i, c in enumerate(changes) if c.p_value is not None and c.permutation_p is not None]
+    mann_whitney = stats.benjamini_hochberg([changes[i].p_value or 0.0 for i in tested])
+    permutation = stats.benjamini_hochberg([changes[i].permutation_p or 0.0 for i in tested])
+    out = list(changes)
+    for i, p_mw, p_perm in zip(tested, mann_whitney, permutation, strict=True):
+        change = changes[i]
+        significant = p_mw < alpha and p_perm < alpha
+        regression = change.regression_pct
+        status = STATUS_NOISE
+        if significant and regression and abs(regression) > min_effect_pct:
+            status = STATUS_WORSE if regression > 0 else STATUS_BETTER
+        out[i] = replace(
+            change, adjusted_p=p_mw, adjusted_permutation_p=p_perm, significant=significant, status=status
+        )
+    return out
+
+
 def compare_results(
-    a: Results | Mapping[str, Any], b: Results | Mapping[str, Any], alpha: float = 0.05
+    a: Results | Mapping[str, Any],
+    b: Results | Mapping[str, Any],
+    alpha: float = 0.05,
+    min_effect_pct: float = 0.0,
 ) -> list[CellChange]:
     """Every cell of A and B, matched by (environment, workload, metric).
 
-    Matched cells come in A's order, then the cells only B has, in B's order.
-    ``significant`` is Mann-Whitney's p < ``alpha`` on the raw trials. Each side is read into the
-    results model (upgraded first), so a study written by an older virtlab compares as well.
+    Matched cells come in A's order, then the cells only B has, in B's order. ``significant``: both
+    Mann-Whitney's and the permutation test's p, adjusted over the compared cells, below ``alpha``;
+    a cell is worse or better only where it is also changed by more than ``min_effect_pct``. Each
+    side is read into the results model (upgraded first), so a study written by an older virtlab
+    compares as well.
     """
     index_a, index_b = Results.of(a).cells_by_key, Results.of(b).cells_by_key
     changes = []
@@ -116,16 +146,24 @@ def compare_results(
         if cell_b is None:
             changes.append(_unmatched(cell_a, in_a=True))
         else:
-            changes.append(_matched(cell_a, cell_b, alpha))
+            changes.append(_matched(cell_a, cell_b))
     for key, cell_b in index_b.items():
         if key not in index_a:
             changes.append(_unmatched(cell_b, in_a=False))
-    return changes
+    return _decided(changes, alpha, min_effect_pct)
 
 
 def regressions_over(changes: Iterable[CellChange], pct: float) -> list[CellChange]:
-    """The significant changes that made a cell worse by more than ``pct`` percent."""
-    return [c for c in changes if c.significant and c.regression_pct is not None and c.regression_pct > pct]
+    """The changes significant by both tests that made a cell worse by more than ``pct`` percent
+    (and counted as worse: beyond the effect floor the comparison was made with)."""
+    return [
+        c
+        for c in changes
+        if c.significant
+        and c.status == STATUS_WORSE
+        and c.regression_pct is not None
+        and c.regression_pct > pct
+    ]
 
 
 def _figure(value: float | None) -> Cell:
@@ -157,7 +195,11 @@ def compare_table(changes: Sequence[CellChange], name_a: str, name_b: str) -> Ta
                 Cell(format_pct(c.regression_pct), "num")
                 if c.regression_pct is not None
                 else Cell("\u2014", "missing"),
-                Cell(_p_text(c.p_value), "num" if c.p_value is not None else "missing"),
+                Cell(_p_text(c.adjusted_p), "num" if c.adjusted_p is not None else "missing"),
+                Cell(
+                    _p_text(c.adjusted_permutation_p),
+                    "num" if c.adjusted_permutation_p is not None else "missing",
+                ),
                 Cell(
                     c.status,
                     "bad" if c.status == STATUS_WORSE else "ok" if c.status == STATUS_BETTER else "text",
@@ -175,13 +217,16 @@ def compare_table(changes: Sequence[CellChange], name_a: str, name_b: str) -> Ta
             "change %",
             "regression %",
             "p",
+            "p (means)",
             "status",
         ),
         rows=tuple(rows),
     )
 
 
-def render_compare_markdown(changes: Sequence[CellChange], name_a: str, name_b: str) -> str:
+def render_compare_markdown(
+    changes: Sequence[CellChange], name_a: str, name_b: str, alpha: float = 0.05, min_effect_pct: float = 0.0
+) -> str:
     """A Markdown report of ``changes``: a summary line and one table of every cell."""
     counts = {
         status: sum(1 for c in changes if c.status == status)
@@ -196,13 +241,22 @@ def render_compare_markdown(changes: Sequence[CellChange], name_a: str, name_b: 
     legend = (
         f"change % = plain change of the figure from {a} to {b}; regression % = how much "
         "worse, positive for a loss whichever way the metric points; p = two-sided "
-        "Mann-Whitney U on the raw trials. Status \u201conly in A\u201d means only in "
+        "Mann-Whitney U on the raw trials, p (means) = a seeded two-sided permutation test of the "
+        "difference of their means. Status \u201conly in A\u201d means only in "
         f"{a}, \u201conly in B\u201d only in {b}."
+    )
+    tested = sum(1 for c in changes if c.adjusted_p is not None)
+    floor = f" and the change is larger than {min_effect_pct:g}%" if min_effect_pct else ""
+    many = (
+        f"The {tested} cells compared are tested as many: both p are adjusted by Benjamini-Hochberg "
+        f"over them, and a cell is worse or better only where both adjusted p are below {alpha:g}{floor}, "
+        f"which keeps the expected share of false claims among the claims at {alpha:g}."
     )
     parts = [
         f"# Compare: {a} \u2192 {b}",
         summary,
         render_table(compare_table(changes, name_a, name_b)),
+        many,
         legend,
     ]
     return "\n\n".join(parts) + "\n"

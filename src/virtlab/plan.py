@@ -85,6 +85,12 @@ class StudySpec(BaseModel):
     warmups: int = Field(default=1, ge=0, le=1000, description="uncounted runs per cell first")
     reduction: str = Field(default="trimmed-mean", description="how trials become one figure")
     threshold_pct: float = Field(default=10.0, gt=0, le=1000, description="the ○/× verdict")
+    verdict: Literal["interval", "point"] = Field(
+        default="interval",
+        description='how a mark is decided: "interval", by the whole 95% interval of the overhead (○ '
+        'within the threshold, × beyond, ? when the data do not decide); "point", by the point '
+        "estimate alone, as seed 000 marked its Table 15",
+    )
     baseline: str | None = Field(
         default=None,
         description=f'the environment every overhead is against (default: the first), or "{PER_HOST}": '

@@ -19,6 +19,7 @@ difference of 10% or more from the baseline, "○" otherwise) are reproduced by
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -28,14 +29,30 @@ from typing import Any, Literal
 __all__ = [
     "REDUCTIONS",
     "Better",
+    "MARK_BAD",
+    "MARK_OK",
+    "MARK_UNDECIDED",
     "MannWhitney",
     "Reducer",
     "Summary",
+    "benjamini_hochberg",
     "change_pct",
+    "interval_verdict",
+    "interval_verdicts",
+    "IntervalRequest",
+    "overhead_ci95_many",
+    "judge_overhead",
+    "judgement_of",
+    "Judgement",
+    "VERDICT_METHODS",
+    "overhead_ci95",
+    "overhead_intervals",
     "mann_whitney_u",
     "overhead_pct",
+    "permutation_p",
     "reduction_names",
     "summarize",
+    "trials_to_decide",
     "trimmed_mean",
     "verdict",
 ]
@@ -56,6 +73,7 @@ _VALID_BETTER: tuple[str, ...] = ("higher", "lower")
 
 MARK_OK = "\u25cb"  # "○" WHITE CIRCLE: within threshold of the baseline
 MARK_BAD = "\u00d7"  # "×" MULTIPLICATION SIGN: threshold or more away
+MARK_UNDECIDED = "?"  # the interval reaches both sides of the threshold: the data do not decide
 
 
 # --------------------------------------------------------------------------
@@ -422,3 +440,326 @@ def mann_whitney_u(a: Iterable[float], b: Iterable[float]) -> MannWhitney:
 
     res = stats.mannwhitneyu(xa, xb, alternative="two-sided", method="auto")
     return MannWhitney(u=float(res.statistic), p_value=float(res.pvalue))
+
+
+# --------------------------------------------------------------------------
+# uncertainty of an overhead, and verdicts the data decide
+# --------------------------------------------------------------------------
+
+OVERHEAD_RESAMPLES = 2000
+"""Bootstrap resamples per overhead interval: the interval's ends move by well under its own width
+from one seed to another, at a cost a 5,000-trial study pays in well under a second."""
+OVERHEAD_SEED = 0
+"""The bootstrap's seed: the same trials always give the same interval."""
+DECIDE_LIMIT = 10_000
+"""The most trials :func:`trials_to_decide` looks for; beyond it a cell is said not to be decidable."""
+
+
+def _reduce_batch(x: Any, reduction: str, better: Better) -> Any:
+    """``reduction`` of the last axis of the array ``x``, batched over the others (the bootstrap
+    resamples): the same figure :func:`summarize` gives one set of trials."""
+    import numpy as np
+
+    if reduction == "best":
+        reduction = "max" if better == "higher" else "min"
+    elif reduction == "worst":
+        reduction = "min" if better == "higher" else "max"
+    n = x.shape[-1]
+    if reduction == "trimmed-mean":
+        if n < 3:
+            return x.mean(axis=-1)
+        # one minimum and one maximum dropped, as trimmed_mean does, without sorting each resample
+        return (x.sum(axis=-1) - x.max(axis=-1) - x.min(axis=-1)) / (n - 2)
+    batch = {"mean": np.mean, "median": np.median, "min": np.min, "max": np.max}.get(reduction)
+    if batch is None:
+        raise ValueError(f"unknown reduction {reduction!r}; valid names: {', '.join(reduction_names())}")
+    return batch(x, axis=-1)
+
+
+def _expansion(n: int, df: int) -> float:
+    """The normal quantile at which the expanded percentile interval takes its percentiles.
+
+    A percentile bootstrap is as narrow as a normal interval, which with 5 trials covers 90% or
+    less. Hesterberg's expanded percentile interval ("What teachers should know about the
+    bootstrap", 2015, 5.2) takes the percentiles at the normal quantile
+    ``sqrt(n / (n - 1)) * t(0.975, df)``: the small-sample widening Student's t gives a mean (the
+    bootstrap's plug-in variance is (n - 1) / n of the sample variance). ``df``: n - 1 for rounds
+    resampled together (a paired t), n + m - 2 for two sides resampled apart (a two-sample t).
+    """
+    from scipy import stats as scipy_stats
+
+    return math.sqrt(n / (n - 1)) * float(scipy_stats.t.ppf(0.975, df))
+
+
+def _expanded_level(n: int, df: int) -> float:
+    """The confidence level of the percentile interval that covers 95% (see :func:`_expansion`)."""
+    from scipy import stats as scipy_stats
+
+    return 1.0 - 2.0 * float(scipy_stats.norm.sf(_expansion(n, df)))
+
+
+def overhead_intervals(
+    values: Any,
+    baseline: Any,
+    better: Better,
+    reduction: str = "trimmed-mean",
+    paired: bool = False,
+    seed: int = OVERHEAD_SEED,
+    n_resamples: int = OVERHEAD_RESAMPLES,
+) -> tuple[Any, Any]:
+    """95% intervals of :func:`overhead_pct`, batched: arrays ``values`` (..., n) and ``baseline``
+    (..., m) of trials, the last axis the trials, give the (low, high) arrays of their leading axes.
+
+    The bootstrap resamples the ratio of the two reductions (scipy.stats.bootstrap, seeded):
+    ``paired`` resamples rounds, each round's two trials together (they ran side by side, so a
+    drift of the host hits both), which needs ``n == m``; otherwise each side on its own. The
+    percentiles are taken at :func:`_expanded_level` of the smaller side. An interval whose ends are
+    not finite (a baseline resample reduced to 0) is (nan, nan).
+    """
+    import warnings
+
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    _check_better(better)
+    _get_reducer(reduction)
+    x, y = np.asarray(values, dtype=float), np.asarray(baseline, dtype=float)
+    n = min(x.shape[-1], y.shape[-1])
+    df = n - 1 if paired else x.shape[-1] + y.shape[-1] - 2
+    if n < 2:
+        raise ValueError("an overhead interval needs at least 2 trials on each side")
+
+    def ratio(a: Any, b: Any, axis: int = -1) -> Any:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return _reduce_batch(a, reduction, better) / _reduce_batch(b, reduction, better)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # identical trials: a degenerate but well-defined interval
+        result = scipy_stats.bootstrap(
+            (x, y), ratio, paired=paired, vectorized=True, axis=-1, n_resamples=n_resamples,
+            confidence_level=_expanded_level(n, df), method="percentile", rng=np.random.default_rng(seed),
+        )  # fmt: skip
+    low, high = result.confidence_interval
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    # overhead is a decreasing function of the ratio when higher is better, increasing otherwise
+    if better == "higher":
+        low, high = (1.0 - high) * 100.0, (1.0 - low) * 100.0
+    else:
+        low, high = (low - 1.0) * 100.0, (high - 1.0) * 100.0
+    broken = ~(np.isfinite(low) & np.isfinite(high))
+    return np.where(broken, np.nan, low), np.where(broken, np.nan, high)
+
+
+def overhead_ci95(
+    values: Iterable[float],
+    baseline: Iterable[float],
+    better: Better,
+    reduction: str = "trimmed-mean",
+    paired: bool = False,
+    seed: int = OVERHEAD_SEED,
+) -> tuple[float, float] | None:
+    """The 95% interval of the overhead of ``values`` against ``baseline`` (see
+    :func:`overhead_intervals`); None with fewer than 2 trials a side, with ``paired`` rounds of
+    unequal count, or where a resampled baseline reduces to 0 (no ratio to give)."""
+    xa, xb = _as_floats(values), _as_floats(baseline)
+    if min(len(xa), len(xb)) < 2 or (paired and len(xa) != len(xb)):
+        return None
+    low, high = overhead_intervals(xa, xb, better, reduction, paired, seed)
+    if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+        return None
+    return float(low), float(high)
+
+
+def interval_verdicts(low: Any, high: Any, threshold_pct: float = 10.0) -> Any:
+    """:func:`interval_verdict` of arrays of interval ends (nan ends: undecided)."""
+    import numpy as np
+
+    low, high = np.asarray(low, dtype=float), np.asarray(high, dtype=float)
+    within = (low > -threshold_pct) & (high < threshold_pct)
+    beyond = (low >= threshold_pct) | (high <= -threshold_pct)
+    return np.where(within, MARK_OK, np.where(beyond, MARK_BAD, MARK_UNDECIDED))
+
+
+def interval_verdict(
+    overhead: float | None, ci95: tuple[float, float] | None, threshold_pct: float = 10.0
+) -> str | None:
+    """The mark the data decide: "○" when the whole 95% interval of the overhead lies within
+    ±``threshold_pct``, "×" when it lies wholly beyond (as the point mark, a difference of exactly
+    the threshold is ×), "?" otherwise and where there is no interval. None where the overhead is
+    unknown."""
+    if overhead is None:
+        return None
+    if ci95 is None:
+        return MARK_UNDECIDED
+    return str(interval_verdicts(ci95[0], ci95[1], threshold_pct))
+
+
+@functools.cache
+def _width_scales(limit: int) -> Any:
+    """How an interval's half-width scales with n trials at a fixed spread, for n = 0 .. ``limit``
+    (nan below 2): the expanded percentile's normal quantile over sqrt(n), i.e.
+    t(0.975, n - 1) / sqrt(n - 1). Computed once: Student's quantile is slow to evaluate."""
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    n = np.arange(limit + 1, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scales = scipy_stats.t.ppf(0.975, n - 1) / np.sqrt(n - 1)
+    scales[:2] = np.nan
+    scales.flags.writeable = False
+    return scales
+
+
+def trials_to_decide(
+    overhead: float, ci95: tuple[float, float], n: int, threshold_pct: float = 10.0, limit: int = DECIDE_LIMIT
+) -> int | None:
+    """About how many trials a cell marked "?" needs for its interval to clear the threshold, at
+    the spread observed over its ``n`` trials: the interval's two half-widths shrink by
+    :func:`_width_scales`, and each must end short of the nearest threshold on its side. None when
+    even ``limit`` trials would not do (an overhead right on the threshold)."""
+    import numpy as np
+
+    low, high = ci95
+    shrink = math.inf  # the factor by which the half-widths must shrink
+    for bound in (-threshold_pct, threshold_pct):
+        if bound == overhead:
+            return None
+        half = high - overhead if bound > overhead else overhead - low
+        if half > 0:
+            shrink = min(shrink, abs(bound - overhead) / half)
+    if shrink > 1.0:
+        return n  # already clear of the threshold at this spread (touching it is not)
+    n = max(n, 2)
+    if n >= limit:
+        return None
+    scales = _width_scales(limit)
+    enough = np.nonzero(scales[n + 1 :] / scales[n] < shrink)[0]
+    return int(n + 1 + enough[0]) if enough.size else None
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """The Benjamini-Hochberg adjusted p-values of a family of tests (scipy's
+    ``false_discovery_control``): those below q are the discoveries at a false discovery rate of q."""
+    if not p_values:
+        return []
+    from scipy import stats as scipy_stats
+
+    return [float(p) for p in scipy_stats.false_discovery_control(list(p_values), method="bh")]
+
+
+PERMUTATION_RESAMPLES = 9999
+"""Permutations of a permutation test (all of them where there are fewer: an exact test)."""
+
+
+def permutation_p(a: Iterable[float], b: Iterable[float], seed: int = OVERHEAD_SEED) -> float:
+    """Two-sided p-value of a seeded permutation test of the difference of the means of ``a`` and
+    ``b`` (scipy.stats.permutation_test). It answers what Mann-Whitney does not: whether the
+    *means* differ, where a few slow trials move the mean but not the ranks. 1.0 (no evidence)
+    when either side has fewer than 2 values or all values are equal."""
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    xa, xb = _as_floats(a), _as_floats(b)
+    if len(xa) < 2 or len(xb) < 2 or len(set(xa + xb)) == 1:
+        return 1.0
+
+    def difference(x: Any, y: Any, axis: int = -1) -> Any:
+        return np.mean(x, axis=axis) - np.mean(y, axis=axis)
+
+    result = scipy_stats.permutation_test(
+        (xa, xb), difference, vectorized=True, n_resamples=PERMUTATION_RESAMPLES,
+        alternative="two-sided", rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return min(1.0, float(result.pvalue))
+
+
+VERDICT_METHODS = ("interval", "point")
+"""How a cell's mark is decided: ``interval`` by the whole 95% interval (○, × or ?), ``point`` by
+the point estimate alone, as seed 000 marked its Table 15 (○ or ×)."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One cell against its baseline's: the overhead, its 95% interval, and both marks."""
+
+    overhead_pct: float | None
+    overhead_ci95: tuple[float, float] | None
+    verdict: str | None
+    """The mark by the study's method (:data:`VERDICT_METHODS`)."""
+    point_verdict: str | None
+    """The paper's mark: the point estimate against the threshold."""
+    trials_to_decide: int | None
+    """For an undecided interval verdict: about how many trials a cell would decide it (None: not
+    undecided, or not within :data:`DECIDE_LIMIT`)."""
+
+
+def judge_overhead(
+    values: Sequence[float],
+    baseline: Sequence[float],
+    better: Better,
+    reduction: str = "trimmed-mean",
+    threshold_pct: float = 10.0,
+    method: str = "interval",
+    paired: bool = False,
+) -> Judgement:
+    """The overhead of ``values`` against ``baseline`` (both raw trials, reduced by ``reduction``)
+    with its interval and marks. ``paired``: trial i of each side ran in the same round."""
+    value = summarize(values, better, reduction).value
+    base = summarize(baseline, better, reduction).value
+    overhead = overhead_pct(value, base, better)
+    ci95 = overhead_ci95(values, baseline, better, reduction, paired) if overhead is not None else None
+    return judgement_of(overhead, ci95, min(len(values), len(baseline)), threshold_pct, method)
+
+
+def judgement_of(
+    overhead: float | None, ci95: tuple[float, float] | None, n: int, threshold_pct: float, method: str
+) -> Judgement:
+    """The marks of an ``overhead`` with its interval ``ci95`` over ``n`` trials a side."""
+    if method not in VERDICT_METHODS:
+        raise ValueError(f"unknown verdict method {method!r}; valid: {', '.join(VERDICT_METHODS)}")
+    point, decided = verdict(overhead, threshold_pct), interval_verdict(overhead, ci95, threshold_pct)
+    needed = None
+    if method == "interval" and decided == MARK_UNDECIDED and ci95 is not None and overhead is not None:
+        needed = trials_to_decide(overhead, ci95, n, threshold_pct)
+    return Judgement(
+        overhead_pct=overhead,
+        overhead_ci95=ci95,
+        verdict=decided if method == "interval" else point,
+        point_verdict=point,
+        trials_to_decide=needed,
+    )
+
+
+@dataclass(frozen=True)
+class IntervalRequest:
+    """One overhead whose interval :func:`overhead_ci95_many` is asked for."""
+
+    values: Sequence[float]
+    baseline: Sequence[float]
+    better: Better
+    paired: bool = False
+
+
+def overhead_ci95_many(
+    requests: Sequence[IntervalRequest], reduction: str = "trimmed-mean", seed: int = OVERHEAD_SEED
+) -> list[tuple[float, float] | None]:
+    """:func:`overhead_ci95` of every request, the same figures, in one bootstrap per group of
+    requests alike in trial counts, direction and pairing: scipy draws one set of resampling indices
+    for a whole batch, so a cell's interval does not depend on the cells it is batched with, and a
+    study of hundreds of cells costs a few bootstraps instead of hundreds."""
+    import numpy as np
+
+    out: list[tuple[float, float] | None] = [None] * len(requests)
+    groups: dict[tuple[int, int, str, bool], list[int]] = {}
+    for index, request in enumerate(requests):
+        n, m = len(request.values), len(request.baseline)
+        if min(n, m) >= 2 and not (request.paired and n != m):
+            groups.setdefault((n, m, request.better, request.paired), []).append(index)
+    for (_, _, better, paired), indexes in groups.items():
+        values = np.array([_as_floats(requests[i].values) for i in indexes])
+        baseline = np.array([_as_floats(requests[i].baseline) for i in indexes])
+        low, high = overhead_intervals(values, baseline, better, reduction, paired, seed)  # type: ignore[arg-type]
+        for index, lo, hi in zip(indexes, low, high, strict=True):
+            if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+                out[index] = (float(lo), float(hi))
+    return out

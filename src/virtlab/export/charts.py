@@ -217,3 +217,37 @@ def render_charts(results: Results | Mapping[str, Any]) -> tuple[list[Chart], li
         if line is not None:
             series.append(line)
     return bars, series
+
+
+def overhead_chart(results: Results | Mapping[str, Any]) -> Chart | None:
+    """Every judged cell's overhead against its baseline with error bars at its 95% interval, the
+    band of ±threshold shaded: a point whose bar stays inside the band is ○, outside it ×, across
+    its edge ?. None where nothing is judged."""
+    results = Results.of(results)
+    judged = [c for c in results.cells if c.overhead_pct is not None]
+    if not judged:
+        return None
+    threshold = results.study.threshold_pct
+    colours = environment_colours(results.environment_names, results.study.baseline)
+    title = "Overhead with its 95% interval"
+    with matplotlib.rc_context(RC_PARAMS):
+        fig = new_figure(8.0, 0.9 + 0.28 * len(judged))
+        ax = fig.add_subplot()
+        ax.set_title(plain(title), loc="left", fontsize=10, color=TEXT_COLOUR)
+        ax.axvspan(-threshold, threshold, color=GRID_COLOUR, alpha=0.6, lw=0, zorder=0)
+        ax.axvline(0, color="#9ca3af", lw=0.8, zorder=1)
+        for y, cell in enumerate(judged):
+            overhead, ci = cell.overhead_pct or 0.0, cell.overhead_ci95
+            err = None if ci is None else [[max(0.0, overhead - ci[0])], [max(0.0, ci[1] - overhead)]]
+            ax.errorbar(
+                overhead, y, xerr=err, fmt="o", ms=4, capsize=3, lw=1, zorder=3,
+                color=colours.get(cell.environment, PALETTE[0]),
+            )  # fmt: skip
+        ax.set_yticks(
+            range(len(judged)),
+            [plain(f"{c.environment} \u00b7 {c.workload} \u00b7 {c.metric}") for c in judged],
+        )
+        ax.invert_yaxis()  # the first cell on top, as in the tables
+        ax.set_xlabel(plain(f"overhead % (positive = a loss; band: \u00b1{threshold:g}%)"))
+        ax.xaxis.grid(True, color=GRID_COLOUR, zorder=0)
+        return Chart(key="overhead-chart", title=title, kind="overhead", svg=to_svg(fig, "overhead-chart"))

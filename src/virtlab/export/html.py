@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from virtlab.export.charts import render_charts
+from virtlab.export.charts import overhead_chart, render_charts
 from virtlab.export.iocharts import render_io_charts
 from virtlab.export.tables import NOT_MEASURED_CAPTION, NOT_MEASURED_TITLE, Table, build_report, note_mark
 from virtlab.export.usage import usage_html
@@ -55,6 +55,10 @@ def render_html(results: Results | Mapping[str, Any]) -> str:
     bars, series = render_charts(results)
     charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in bars]
     lines = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in series]
+    judged = overhead_chart(results)
+    overheads = (
+        [] if judged is None else [{"key": judged.key, "title": judged.title, "svg": Markup(judged.svg)}]
+    )
     io_charts = [{"key": c.key, "title": c.title, "svg": Markup(c.svg)} for c in render_io_charts(results)]
     return (
         template_environment()
@@ -62,6 +66,7 @@ def render_html(results: Results | Mapping[str, Any]) -> str:
         .render(
             report=report,
             charts=charts,
+            overheads=overheads,
             series=lines,
             io_tables=report.io_tables,
             io_charts=io_charts,

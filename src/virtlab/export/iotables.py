@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from virtlab import stats
 from virtlab.export.report_context import (
     ENV,
     Absence,
@@ -31,6 +30,8 @@ from virtlab.export.report_context import (
     Row,
     Table,
     format_value,
+    interval_verdict_words,
+    verdict_beside,
     verdict_cell,
 )
 from virtlab.results import Cell as ResultCell
@@ -437,7 +438,8 @@ def disk_methods_table(ctx: ReportContext) -> Table | None:
 
 
 def disk_verdict_table(ctx: ReportContext) -> Table | None:
-    """Seed 000 Table 15: ○ within the threshold of the baseline's disk figure, × otherwise."""
+    """Seed 000 Table 15: ○ within the threshold of the baseline's disk figure, × beyond, decided by
+    the study's verdict method (with the paper's own mark beside an interval's)."""
     if not ctx.others:
         return None
     lines = [line for kind, metrics in DISK_RATES.items() for line in _kind_lines(ctx, kind, metrics)]
@@ -454,7 +456,9 @@ def disk_verdict_table(ctx: ReportContext) -> Table | None:
                 cells.append(ctx.reasons.missing(overhead))
                 continue
             cell = ctx.cell(env, row)
-            cells.append(verdict_cell(cell.verdict if cell is not None else None))
+            cells.append(
+                verdict_cell(cell.verdict, verdict_beside(ctx, cell)) if cell else verdict_cell(None)
+            )
         rows.append(tuple(cells))
     pct = f"{ctx.threshold:g}"
     return Table(
@@ -463,8 +467,7 @@ def disk_verdict_table(ctx: ReportContext) -> Table | None:
         header=("benchmark", *map(ctx.judged_header, ctx.others)),
         column_groups=ctx.column_groups(ctx.others),
         rows=tuple(rows),
-        caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}'s figure, {stats.MARK_BAD} = {pct}% or "
-        "more away in either direction.",
+        caption=interval_verdict_words(ctx, pct),
     )
 
 

@@ -524,9 +524,64 @@ class ReportContext:
         return (("", leading), *groups) if leading else tuple(groups)
 
 
-def verdict_cell(mark: str | None) -> Cell:
-    """A verdict mark as a table shows it: ○ fine, × flagged."""
-    return Cell(mark or "", "ok" if mark == stats.MARK_OK else "bad")
+def verdict_cell(mark: str | None, beside: str = "") -> Cell:
+    """A verdict mark as a table shows it: ○ fine, × flagged, ? undecided; ``beside``: what follows
+    it (the paper's mark, the trials that would decide it)."""
+    kind = "ok" if mark == stats.MARK_OK else "missing" if mark == stats.MARK_UNDECIDED else "bad"
+    return Cell((mark or "") + (f" {beside}" if beside and mark else ""), kind)
+
+
+def verdict_beside(ctx: ReportContext, cell: ResultCell) -> str:
+    """What a verdict cell shows after the mark: for a ?, the trials that would decide it; where the
+    study reproduces a paper (a ``paper`` section) and marks by the interval, the paper's (point) mark."""
+    parts = []
+    if cell.undecided:
+        parts.append(f"about {cell.trials_to_decide} trials" if cell.trials_to_decide else "not decidable")
+    if ctx.study.verdict == "interval" and ctx.results.has_section("paper") and cell.point_verdict:
+        parts.append(f"paper: {cell.point_verdict}")
+    return f"({'; '.join(parts)})" if parts else ""
+
+
+def interval_verdict_words(ctx: ReportContext, pct: str) -> str:
+    """The caption of a table of marks decided by the study's verdict method."""
+    if ctx.study.verdict == "point":
+        return (
+            f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}, {stats.MARK_BAD} = {pct}% or more away "
+            'in either direction, by the point estimate alone ([study] verdict = "point", seed 000, '
+            "Table 15): the overhead tables give each its 95% interval."
+        )
+    how = (
+        f"{stats.MARK_OK} = the whole 95% interval of the overhead within {pct}% of {ctx.baseline}, "
+        f"{stats.MARK_BAD} = the whole interval {pct}% or more away in either direction, "
+        f"{stats.MARK_UNDECIDED} = the interval reaches both sides: these trials do not decide it; in "
+        "brackets about how many trials a cell would, at the spread observed."
+    )
+    if ctx.results.has_section("paper"):
+        how += " \u201cpaper\u201d: the mark by the point estimate, as the paper's Table 15 marked."
+    return how
+
+
+def format_overhead(overhead: float, ci95: tuple[float, float] | None) -> str:
+    """An overhead with its 95% interval: ``+9.2 [+3.1, +15.0]``; the point alone without one."""
+    if ci95 is None:
+        return format_pct(overhead)
+    return f"{format_pct(overhead)} [{format_pct(ci95[0])}, {format_pct(ci95[1])}]"
+
+
+def emulation_line(results: Results) -> str:
+    """One line for each table of VM figures when a VM ran under TCG: they measure QEMU's software
+    emulation, not a KVM guest, and why KVM was not used (each VM's manifest says); "" otherwise."""
+    emulated = []
+    for env in results.environments:
+        manifest = env.manifest or {}
+        if str(manifest.get("accelerator", "")).split(" ")[0] == "tcg":
+            reason = first_line(str(manifest.get("accelerator_reason") or "")) or "no reason recorded"
+            emulated.append(f"{env.name} ({reason})")
+    if not emulated:
+        return ""
+    return (
+        f"Emulated: the figures of {_and(emulated)} measure QEMU's software emulation (TCG), not a KVM guest."
+    )
 
 
 def log_excerpt(log: str | None) -> tuple[str, bool]:

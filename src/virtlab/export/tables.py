@@ -36,19 +36,23 @@ from virtlab.export.report_context import (
     Row,
     Table,
     baseline_name,
+    emulation_line,
     env_as_placeholder,
     failure_cause,
     first_line,
     format_bytes,
     format_number,
+    format_overhead,
     format_pct,
     format_threshold,
     format_trial,
     format_value,
+    interval_verdict_words,
     log_excerpt,
     note_mark,
     reason_mark,
     short_text,
+    verdict_beside,
     verdict_cell,
 )
 from virtlab.results import Cell as ResultCell
@@ -90,9 +94,18 @@ def results_table(ctx: ReportContext) -> Table:
         header=("workload \u00b7 metric", *ctx.envs),
         column_groups=ctx.column_groups(ctx.envs),
         rows=tuple(rows),
-        caption=f"{_reduction_text(ctx).capitalize()}{of} \u00b1 half-width of the 95% "
-        "confidence interval of the mean.",
+        caption=_with_emulation(
+            ctx,
+            f"{_reduction_text(ctx).capitalize()}{of} \u00b1 half-width of the 95% confidence "
+            "interval of the mean.",
+        ),
     )
+
+
+def _with_emulation(ctx: ReportContext, caption: str) -> str:
+    """``caption``, and the line that says VM figures measured emulation where a VM ran under TCG."""
+    line = emulation_line(ctx.results)
+    return f"{caption} {line}" if line else caption
 
 
 def _only_baseline_caption(ctx: ReportContext) -> str:
@@ -129,13 +142,21 @@ def _judgement_rows(
 
 
 def overhead_table(ctx: ReportContext) -> Table:
+    def shown(cell: ResultCell | None, overhead: float) -> Cell:
+        return Cell(format_overhead(overhead, cell.overhead_ci95 if cell is not None else None), "num")
+
     return Table(
         key="overhead",
         title=f"Overhead vs {ctx.baseline} (%)",
         **_judged_columns(ctx),
-        rows=_judgement_rows(ctx, lambda _cell, overhead: Cell(format_pct(overhead), "num")),
-        caption=f"How much worse than {ctx.baseline}: positive = a loss, negative = "
-        f"better than {ctx.baseline}, for either direction of the metric."
+        rows=_judgement_rows(ctx, shown),
+        caption=_with_emulation(
+            ctx,
+            f"How much worse than {ctx.baseline}: positive = a loss, negative = better than "
+            f"{ctx.baseline}, for either direction of the metric. In brackets its 95% interval: a "
+            "seeded bootstrap of the ratio of the two cells' figures, rounds resampled together where "
+            "they ran side by side.",
+        )
         if ctx.others
         else _only_baseline_caption(ctx),
     )
@@ -143,15 +164,18 @@ def overhead_table(ctx: ReportContext) -> Table:
 
 def verdict_table(ctx: ReportContext) -> Table:
     pct = format_threshold(ctx.threshold)
+    how = interval_verdict_words(ctx, pct)
     return Table(
         key="verdict",
         title=f"Verdict (within \u00b1{pct}% of {ctx.baseline})",
         **_judged_columns(ctx),
-        rows=_judgement_rows(ctx, lambda cell, _overhead: verdict_cell(cell.verdict if cell else None)),
-        caption=f"{stats.MARK_OK} = within {pct}% of {ctx.baseline}, {stats.MARK_BAD} = "
-        f"{pct}% or more away in either direction (seed 000, Table 15)."
-        if ctx.others
-        else _only_baseline_caption(ctx),
+        rows=_judgement_rows(
+            ctx,
+            lambda cell, _overhead: verdict_cell(
+                cell.verdict if cell else None, verdict_beside(ctx, cell) if cell else ""
+            ),
+        ),
+        caption=_with_emulation(ctx, how) if ctx.others else _only_baseline_caption(ctx),
     )
 
 
@@ -159,21 +183,37 @@ NOISE_ALPHA = 0.05
 """The level of the noise table's test, as ``virtlab compare``'s default."""
 
 
+def noise_p_values(ctx: ReportContext) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """Each judged cell with trials enough (2 or more a side) -> (Mann-Whitney p of its raw trials
+    against its baseline's, that p adjusted by Benjamini-Hochberg over all of them)."""
+    raw: dict[tuple[str, str, str], float] = {}
+    for row in ctx.judged_rows() if ctx.others else ():
+        for env in ctx.others:
+            cell = ctx.cell(env, row)
+            if cell is None or cell.overhead_pct is None:
+                continue
+            base = ctx.cells.get((ctx.baseline_of(env) or ctx.baseline, cell.workload, cell.metric))
+            if base is None or min(len(cell.finite_trials), len(base.finite_trials)) < 2:
+                continue
+            raw[cell.key] = stats.mann_whitney_u(base.finite_trials, cell.finite_trials).p_value
+    adjusted = stats.benjamini_hochberg(list(raw.values()))
+    return {key: (p, q) for (key, p), q in zip(raw.items(), adjusted, strict=True)}
+
+
 def noise_table(ctx: ReportContext) -> Table | None:
     """Whether each environment costs more than the noise: a two-sided Mann-Whitney U test of its raw
-    trials against its baseline's (the test ``virtlab compare`` applies between two studies)."""
+    trials against its baseline's (the test ``virtlab compare`` applies between two studies), the
+    false discovery rate over the table's cells controlled by Benjamini-Hochberg."""
     if not ctx.others:
         return None
+    tested = noise_p_values(ctx)
 
     def shown(cell: ResultCell | None, overhead: float) -> Cell:
-        if cell is None:  # never: an overhead was given, so both figures exist
-            return Cell("", "missing")
-        base = ctx.cells.get((ctx.baseline_of(cell.environment) or ctx.baseline, cell.workload, cell.metric))
-        if base is None or min(len(cell.finite_trials), len(base.finite_trials)) < 2:
+        if cell is None or cell.key not in tested:
             return Cell("too few trials", "missing")
-        p_value = stats.mann_whitney_u(base.finite_trials, cell.finite_trials).p_value
-        said = f"p = {format_number(p_value)}"
-        if p_value >= NOISE_ALPHA or not overhead:
+        p_value, adjusted = tested[cell.key]
+        said = f"p = {format_number(p_value)}, adjusted {format_number(adjusted)}"
+        if adjusted >= NOISE_ALPHA or not overhead:
             return Cell(f"noise ({said})")
         return Cell(f"worse ({said})", "bad") if overhead > 0 else Cell(f"better ({said})", "ok")
 
@@ -183,9 +223,11 @@ def noise_table(ctx: ReportContext) -> Table | None:
         **_judged_columns(ctx),
         rows=_judgement_rows(ctx, shown),
         caption=f"A two-sided Mann-Whitney U test of each cell's raw trials against {ctx.baseline}'s: "
-        f"worse = it costs more than the noise (p < {NOISE_ALPHA:g}), better = it gains beyond the noise, "
-        "noise = the trials do not tell the two apart. With 3 trials or fewer a side, no difference "
-        "can reach that level.",
+        f"worse = it costs more than the noise, better = it gains beyond the noise, noise = the trials "
+        f"do not tell the two apart. These {len(tested)} tests are read as many: a cell counts only "
+        f"where its p, adjusted by Benjamini-Hochberg over the table, is below {NOISE_ALPHA:g}, which "
+        f"keeps the expected share of false claims among the table's claims at {NOISE_ALPHA:g}. With "
+        "3 trials or fewer a side, no difference can reach that level.",
     )
 
 

@@ -1,5 +1,6 @@
 """Machine-readable exports: ``results.json`` (the results document as analysis built it) and
-``results.csv`` (one row per raw trial, for spreadsheets and pandas).
+``results.csv`` (one row per raw trial, for spreadsheets and pandas; each row also carries its
+cell's overhead, the overhead's 95% interval and the verdicts, empty for a baseline's cells).
 
 Both are written to a temporary file and renamed into place, so a crash while
 writing never leaves a half file where a complete one was.
@@ -18,7 +19,14 @@ from typing import Any
 
 from virtlab.results import Results
 
-CSV_COLUMNS = ("environment", "workload", "metric", "unit", "better", "trial", "value", "kept")
+CSV_COLUMNS = (
+    "environment", "workload", "metric", "unit", "better", "trial", "value", "kept",
+    "overhead_pct", "overhead_ci95_low", "overhead_ci95_high", "verdict", "point_verdict",
+)  # fmt: skip
+
+
+def _figure(value: float | None) -> str:
+    return "" if value is None else repr(float(value))
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -51,9 +59,17 @@ def results_csv(results: Results | Mapping[str, Any]) -> str:
     writer.writerow(CSV_COLUMNS)
     for cell in Results.of(results).cells:
         where = (cell.environment, cell.workload, cell.metric, cell.unit, cell.better)
+        low, high = cell.overhead_ci95 or (None, None)
+        judged = (
+            _figure(cell.overhead_pct),
+            _figure(low),
+            _figure(high),
+            cell.verdict or "",
+            cell.point_verdict or "",
+        )
         for i, (value, kept) in enumerate(zip(cell.trials, cell.kept, strict=True)):
             figure = repr(float(value)) if isinstance(value, (int, float)) else value
-            writer.writerow((*where, i + 1, figure, "true" if kept else "false"))
+            writer.writerow((*where, i + 1, figure, "true" if kept else "false", *judged))
     return out.getvalue()
 
 

@@ -22,6 +22,7 @@ from virtlab.results.model import (
     Workload,
     finite,
     load_results,
+    verdict_of,
 )
 from virtlab.results.sweep import SweepPoint, fio_sweep_point
 
@@ -45,4 +46,5 @@ __all__ = [
     "fio_sweep_point",
     "load_results",
     "upgrade_results",
+    "verdict_of",
 ]

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from virtlab.hosts.model import LOCAL, LOCAL_NAME
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The version of results.json this virtlab writes, and the newest it reads."""
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
@@ -64,7 +64,22 @@ def update_to_2(document: dict[str, Any]) -> dict[str, Any]:
             "host_differences": []}  # fmt: skip
 
 
-UPGRADES: Mapping[int, Upgrade] = {1: update_to_2}
+def update_to_3(document: dict[str, Any]) -> dict[str, Any]:
+    """Format 3 gives each overhead its 95% interval and decides a mark by it (○, × or ?), keeping
+    the point estimate's mark as ``point_verdict``. A format 2 study marked by the point estimate
+    alone: it keeps that method (``study.verdict`` "point"), its marks become the point marks, and
+    the intervals, unknown then, are computed from the trials when read (rounds unknown: each side
+    resampled apart)."""
+    study = document.get("study")
+    study = {**study, "verdict": study.get("verdict", "point")} if isinstance(study, Mapping) else study
+    cells = [
+        {**cell, "point_verdict": cell.get("verdict")} if isinstance(cell, Mapping) else cell
+        for cell in _records(document.get("cells"))
+    ]
+    return {**document, "version": 3, "study": study, "cells": cells}
+
+
+UPGRADES: Mapping[int, Upgrade] = {1: update_to_2, 2: update_to_3}
 """``UPGRADES[n]``: a document of format ``n`` as format ``n + 1``; one entry per past version."""
 
 

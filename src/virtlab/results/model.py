@@ -26,6 +26,9 @@ from virtlab.results.sweep import FIO_KIND, SweepPoint, fio_sweep_point
 DEFAULT_REDUCTION = "trimmed-mean"
 DEFAULT_THRESHOLD_PCT = 10.0
 DEFAULT_BASELINE = "native"
+DEFAULT_VERDICT = "interval"
+ROUND_ORDERS = ("interleave", "shuffle")
+"""The orders in which round k of every cell runs before any cell's round k + 1 (side by side)."""
 
 _TOP_LEVEL = (
     "version", "study", "metadata", "environments", "workloads", "cells", "manifest_differences", "failures",
@@ -66,6 +69,12 @@ def _names(value: Any) -> tuple[str, ...] | None:
     return None
 
 
+def _indexes(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list | tuple) and all(_count(v) is not None for v in value):
+        return tuple(value)
+    return None
+
+
 def _series(raw: Any) -> tuple[tuple[float, ...], ...] | None:
     """The well-formed per-trial series: sequences of numbers, not empty once the rest is dropped."""
     out = []
@@ -91,6 +100,7 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "tuple[float, float] | None": _ci,
     "tuple[tuple[float, ...], ...]": _series,
     "tuple[str, ...]": _names,
+    "tuple[int, ...]": _indexes,
     "Any": lambda value: value,
 }
 
@@ -123,6 +133,11 @@ class Study:
     warmups: int | None = None
     reduction: str = DEFAULT_REDUCTION
     threshold_pct: float = DEFAULT_THRESHOLD_PCT
+    verdict: str = DEFAULT_VERDICT
+    """How the marks were decided (:data:`virtlab.stats.VERDICT_METHODS`): ``interval`` by the
+    overhead's 95% interval (○, × or ?), ``point`` by the point estimate (seed 000's ○ or ×)."""
+    order: str = "interleave"
+    """How the trials of different cells alternated (``interleave``, ``shuffle``)."""
     baseline: str = DEFAULT_BASELINE
     """The one baseline environment's name, or ``per-host`` (each environment's is its own
     :attr:`Environment.baseline`)."""
@@ -191,6 +206,8 @@ class Cell:
     """As written (``higher`` or ``lower``); see :attr:`direction` for the one to compute with."""
     trials: tuple[Any, ...] = ()
     """The raw values in the order they were measured (warm-ups not counted)."""
+    rounds: tuple[int, ...] = ()
+    """Per trial, the round (trial number from 0) it ran in; empty where not recorded (format 2)."""
     reduction: str = DEFAULT_REDUCTION
     value: float | None = None
     """The reduced figure; None without any trial."""
@@ -211,8 +228,17 @@ class Cell:
     """How much worse than the baseline, positive = a loss; None for the baseline and set-up figures."""
     baseline: str | None = None
     """The environment :attr:`overhead_pct` is against; None for a baseline's own and set-up figures."""
+    overhead_ci95: tuple[float, float] | None = None
+    """The 95% interval of :attr:`overhead_pct` (a seeded bootstrap of the ratio of the reductions);
+    None where there is no overhead or fewer than two trials a side."""
     verdict: str | None = None
-    """``○`` within the threshold of the baseline, ``×`` otherwise; None where the overhead is."""
+    """By the study's method (:attr:`Study.verdict`): ``○`` within the threshold of the baseline,
+    ``×`` beyond it, ``?`` (interval method only) where the interval reaches both; None where the
+    overhead is."""
+    point_verdict: str | None = None
+    """The paper's mark, by the point estimate alone (``○`` or ``×``), whatever the study's method."""
+    trials_to_decide: int | None = None
+    """For a ``?``: about how many trials a side would decide it at the observed spread."""
     series: tuple[tuple[float, ...], ...] = ()
     """Per trial, a time series (ops per second) for the charts: only the well-formed ones."""
     context: Mapping[str, Any] = field(default_factory=dict)
@@ -236,6 +262,10 @@ class Cell:
     def half_width(self) -> float | None:
         """The half-width of the 95% CI, None without one."""
         return (self.ci95[1] - self.ci95[0]) / 2 if self.ci95 is not None else None
+
+    @property
+    def undecided(self) -> bool:
+        return self.verdict == stats.MARK_UNDECIDED
 
     @property
     def judged(self) -> bool:
@@ -280,19 +310,49 @@ def _summary(trials: list[float], better: str, reduction: str) -> stats.Summary 
 
 
 def judge(cell: Cell, baseline: str | None, base: Cell | None, study: Study) -> Cell:
-    """``cell`` with the overhead and verdict against ``base`` (the cell of the environment
-    ``baseline``) where the document lacks them, by the rules analysis wrote them with
-    (:func:`virtlab.analysis.build_cells`)."""
-    against = None if cell.environment == baseline or not cell.judged else baseline
-    overhead, verdict = cell.overhead_pct, cell.verdict
-    if overhead is None and against is not None and base is not None:
+    """``cell`` with the overhead, its interval and the verdicts against ``base`` (the cell of the
+    environment ``baseline``) where the document lacks them, by the rules analysis wrote them with
+    (:func:`virtlab.analysis.build_cells`); what the document gives is kept."""
+    against = cell.baseline or (None if cell.environment == baseline or not cell.judged else baseline)
+    complete = cell.overhead_ci95 is not None and cell.point_verdict is not None
+    if against is None or base is None or complete or not cell.finite_trials or not base.finite_trials:
+        if cell.verdict is None and cell.overhead_pct is not None:  # an overhead given without trials
+            verdict, point = _marks(cell.overhead_pct, cell.overhead_ci95, study)
+            return replace(cell, baseline=against, verdict=verdict, point_verdict=cell.point_verdict or point)
+        return cell if against == cell.baseline else replace(cell, baseline=against)
+    paired = study.order in ROUND_ORDERS and bool(cell.rounds) and cell.rounds == base.rounds
+    reduction = study.reduction if study.reduction in stats.REDUCTIONS else DEFAULT_REDUCTION
+    method = study.verdict if study.verdict in stats.VERDICT_METHODS else DEFAULT_VERDICT
+    overhead = cell.overhead_pct
+    if overhead is None:  # the stored figures win over the trials, as the rest of the cell's
         overhead = stats.overhead_pct(cell.value, base.value, cell.direction)
-    if verdict not in (stats.MARK_OK, stats.MARK_BAD):
-        verdict = stats.verdict(overhead, study.threshold_pct)
-    against = cell.baseline or against
-    if (overhead, verdict, against) == (cell.overhead_pct, cell.verdict, cell.baseline):
-        return cell
-    return replace(cell, overhead_pct=overhead, verdict=verdict, baseline=against)
+    ci95 = None
+    if overhead is not None:
+        ci95 = stats.overhead_ci95(cell.finite_trials, base.finite_trials, cell.direction, reduction, paired)
+    n = min(len(cell.finite_trials), len(base.finite_trials))
+    found = stats.judgement_of(overhead, ci95, n, study.threshold_pct, method)
+    stored = cell.verdict in (stats.MARK_OK, stats.MARK_BAD, stats.MARK_UNDECIDED)
+    return replace(
+        cell, baseline=against, overhead_pct=overhead, overhead_ci95=ci95,
+        point_verdict=cell.point_verdict or found.point_verdict,
+        verdict=cell.verdict if stored else found.verdict,
+        trials_to_decide=cell.trials_to_decide if stored else found.trials_to_decide,
+    )  # fmt: skip
+
+
+def _marks(overhead: float, ci95: tuple[float, float] | None, study: Study) -> tuple[str | None, str | None]:
+    """(the study's mark, the point mark) of an overhead given without trials to judge."""
+    point = stats.verdict(overhead, study.threshold_pct)
+    if study.verdict == "point":
+        return point, point
+    return stats.interval_verdict(overhead, ci95, study.threshold_pct), point
+
+
+def verdict_of(results: Results, environment: str, workload: str, metric: str) -> str | None:
+    """The verdict mark of one cell of ``results`` by the study's method (○, × or ?); None where the
+    cell is missing or has no overhead (a baseline, a set-up figure, a missing baseline figure)."""
+    cell = results.cells_by_key.get((environment, workload, metric))
+    return cell.verdict if cell is not None else None
 
 
 @dataclass(frozen=True)

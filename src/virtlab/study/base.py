@@ -248,7 +248,8 @@ class Study(ABC):
             summary["scenario"] = self.name
         summary |= {
             "trials": shape.trials, "warmups": shape.warmups, "reduction": study.reduction,
-            "threshold_pct": study.threshold_pct, "baseline": shape.baseline, "order": shape.order,
+            "threshold_pct": study.threshold_pct, "verdict": study.verdict, "baseline": shape.baseline,
+            "order": shape.order,
             "target_cov_pct": shape.target_cov_pct, "plan_file": self.plan.source,
             "plan_sha256": self.plan.sha256, "status": status,
         }  # fmt: skip
