@@ -183,7 +183,9 @@ def run_names(plan: Plan) -> RunNames:
         for name in left_out.workloads:
             skipped = [p for p in given.skip_workload if fnmatch.fnmatchcase(name, p)]
             how[name] = (
-                f"--skip-workload {skipped[0]}" if skipped else f"--workload {' '.join(given.workload)}"
+                f"--skip-workload {skipped[0]}"
+                if skipped
+                else " ".join(f"--workload {p}" for p in given.workload)
             )
     return RunNames(environments, workloads, how)
 

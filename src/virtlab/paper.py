@@ -426,12 +426,18 @@ def judge_findings(
     figures: Mapping[str, Figure],
     facts: Mapping[str, float | bool | None],
     reasons: Mapping[str, str] | None = None,
+    names: RunNames | None = None,
 ) -> list[FindingCheck]:
-    """Each finding: "cannot be measured here" when the host lacks what it needs (the reason says
-    what, in the fact's own words where ``reasons`` has them) or a figure its rule reads is missing
-    (the reason says why); else holds or does not."""
+    """Each finding: "cannot be measured here" when its rule names an environment or a workload the
+    run does not have (``names``), when the host lacks what it needs (the reason says what, in the
+    fact's own words where ``reasons`` has them) or a figure its rule reads is missing (the reason
+    says why); else holds or does not."""
     checks = []
     for finding in findings:
+        absent = names.absent_from(finding.rule) if names is not None else None
+        if absent is not None:  # before the host's facts: no host could measure what the run lacks
+            checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, absent, {}))
+            continue
         unmet = unmet_needs(finding.needs, facts, reasons)
         if unmet:
             reason = "needs " + "; ".join(unmet)
@@ -482,6 +488,15 @@ class RunNames:
             if name is not None and name not in names:
                 how = self.left_out.get(name)
                 return f"this run has no {kind} {name!r}" + (f" (left out: {how})" if how else "")
+        return None
+
+    def absent_from(self, rule: str) -> str | None:
+        """Why the run cannot give a figure ``rule`` reads (the first it lacks), or None."""
+        for name, arguments in rule_calls(rule):
+            if name in GRID_FIGURES and len(arguments) >= 2:
+                reason = self.absent(*arguments[:2])
+                if reason is not None:
+                    return reason
         return None
 
 
@@ -673,7 +688,7 @@ def paper_section(
     judged = PaperVerdicts(
         spec.source,
         tuple(judge_figures(spec.figure, figures)),
-        tuple(judge_findings(spec.finding, figures, facts, reasons)),
+        tuple(judge_findings(spec.finding, figures, facts, reasons, names)),
         tuple(judge_setups(spec.setup, values or {}, names)),
     )
     return judged.to_dict()
