@@ -13,6 +13,7 @@ import pty
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -108,18 +109,22 @@ def measured(results: dict) -> set[tuple[str, str]]:
     }
 
 
-def filtered(*argv: str, preset: str | None = None):
-    """The plan filtered as ``virtlab run`` would (options as on its command line)."""
-    options: dict[str, list[str]] = {}
-    baseline = None
+def options_of(argv: Sequence[str]) -> tuple[str | None, PlanFilters]:
+    """The preset and the filters of ``virtlab run`` options as on its command line."""
+    lists: dict[str, list[str]] = {}
+    single: dict[str, str] = {}
     for option, value in zip(argv[::2], argv[1::2], strict=True):
-        if option == "--baseline":
-            baseline = value
+        key = option.removeprefix("--").replace("-", "_")
+        if key in ("preset", "baseline"):
+            single[key] = value
         else:
-            options.setdefault(option.removeprefix("--").replace("-", "_"), []).append(value)
-    return filter_plan(
-        parse_plan(PLAN, "plan.toml", preset=preset), PlanFilters.from_options(**options, baseline=baseline)
-    )
+            lists.setdefault(key, []).append(value)
+    return single.get("preset"), PlanFilters.from_options(**lists, baseline=single.get("baseline"))
+
+
+def filtered(*argv: str, preset: str | None = None):
+    """The plan filtered as ``virtlab run`` would."""
+    return filter_plan(parse_plan(PLAN, "plan.toml", preset=preset), options_of(argv)[1])
 
 
 # -------------------------------------------------------------------------------- the rules
@@ -376,15 +381,9 @@ def test_every_plan_with_a_platform_you_may_lack_says_which_skip_env_runs_the_re
     commands = header_commands()
     assert {name for name, _, _ in commands} == {"kvm-vs-xen.toml", "hyperv-report.toml"}
     for name, what, argv in commands:
-        options: dict[str, list[str]] = {}
-        preset = None
-        for option, value in zip(argv[::2], argv[1::2], strict=True):
-            if option == "--preset":
-                preset = value
-            else:
-                options.setdefault(option.removeprefix("--").replace("-", "_"), []).append(value)
-        assert options.get("skip_env"), (name, what)
-        plan = filter_plan(load_plan(SHIPPED / name, preset), PlanFilters.from_options(**options))
+        preset, filters = options_of(argv)
+        assert filters.skip_env, (name, what)
+        plan = filter_plan(load_plan(SHIPPED / name, preset), filters)
         hosts = {host.name for host in plan.hosts_used()}
         if "Xen" in what:
             assert "xen" not in [env.name for env in plan.environments], (name, what)

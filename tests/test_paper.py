@@ -363,7 +363,8 @@ def test_the_section_judges_the_plans_paper_on_a_run():
         ('overhead("vm", "dd", "m", "x") > 0', "overhead(environment, workload, metric) takes 3 names"),
         (
             'value("kvm", "dd", "m") > 0',
-            "no environment 'kvm' in any version of the plan (as written or with a preset); it has native, vm",
+            "no environment 'kvm' in any version of the plan (as written or with a preset); "
+            "it has native, vm",
         ),
         (
             'overhead("vm", "fio", "m") > 0',

@@ -151,7 +151,7 @@ def _summary(out: Path, quiet: bool) -> None:
     from virtlab.results import load_results
 
     report = out / "report.html"
-    if quiet:
+    if quiet or not (out / "results.json").exists():  # a study refused late writes none
         typer.echo(report)
     else:
         print_summary(load_results(out), report, sys.stdout, sys.stdout.isatty())
