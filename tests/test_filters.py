@@ -158,20 +158,28 @@ def test_filters_over_a_preset_see_the_preset_s_plan():
     assert "use one of: pi, net" in str(error.value.fix)
 
 
-@pytest.mark.parametrize(
-    ("argv", "problem", "names"),
-    [
-        (("--env", "xen"), "has no environment 'xen'", "native, alt, server"),
-        (("--skip-env", "native,xen"), "has no environment 'xen'", "native, alt, server"),
-        (("--workload", "fio*"), "'fio*' matches no workload", "pi, primes, net"),
-        (("--skip-workload", "zz"), "'zz' matches no workload", "pi, primes, net"),
-        (("--skip-env", "native,alt,server"), "leaves no environment", "native, alt, server"),
-        (("--skip-workload", "*"), "leaves no workload", "pi, primes, net"),
-        (("--skip-env", "native"), "leaves out 'native', the baseline of 'alt'", "alt, server"),
-        (("--env", "alt"), "leaves out 'native', the baseline of 'alt'", "alt"),
-        (("--skip-env", "native", "--baseline", "native"), "'native' is not an environment", "alt, server"),
-    ],
-)
+BAD = [
+    (("--env", "xen"), "has no environment 'xen'", "native, alt, server"),
+    (("--skip-env", "native,xen"), "has no environment 'xen'", "native, alt, server"),
+    (("--workload", "fio*"), "'fio*' matches no workload", "pi, primes, net"),
+    (("--skip-workload", "zz"), "'zz' matches no workload", "pi, primes, net"),
+    (("--skip-env", "native,alt,server"), "leaves no environment", "native, alt, server"),
+    (("--skip-workload", "*"), "leaves no workload", "pi, primes, net"),
+    (("--skip-env", "native"), "leaves out 'native', the baseline of 'alt'", "alt, server"),
+    (("--env", "alt"), "leaves out 'native', the baseline of 'alt'", "alt"),
+    (("--skip-env", "native", "--baseline", "native"), "'native' is not an environment", "alt, server"),
+]
+
+
+@pytest.mark.parametrize(("argv", "problem", "names"), BAD)
+def test_a_bad_filter_is_refused_with_the_plan_s_names(argv, problem, names):
+    with pytest.raises(InputError) as error:
+        filtered(*argv)
+    assert problem in error.value.problem and names in str(error.value.fix), error.value.message()
+    assert error.value.where.split()[0] in argv  # the option (or the options) at fault
+
+
+@pytest.mark.parametrize(("argv", "problem", "names"), BAD)
 def test_a_bad_filter_is_exit_2_with_the_plan_s_names(plan_file, tmp_path, argv, problem, names):
     result = virtlab_run(plan_file, tmp_path / "out", *argv, timeout=120)
     assert result.returncode == 2, result.stderr
