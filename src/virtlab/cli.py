@@ -161,6 +161,7 @@ def _check_plan(path: Path | None, preset: str | None, filters: PlanFilters) -> 
     """``virtlab run --check``: the plan (with --preset, that preset; else every preset) validated,
     its ``[image]`` packages looked up in the mirror, one line for each; an invalid one is the usual
     InputError, exit 2. Filters are checked against each."""
+    from virtlab.estimate import estimate
     from virtlab.filters import filter_plan
     from virtlab.plan import default_plan_path, load_every_preset, load_plan
     from virtlab.study.preflight import check_image
@@ -175,6 +176,8 @@ def _check_plan(path: Path | None, preset: str | None, filters: PlanFilters) -> 
             f"{path} ({name}): valid, {len(checked.environments)} environment(s) ({kinds}), "
             f"{len(checked.workloads)} workload(s)"
         )
+        if preset is not None and (guess := estimate(checked)) is not None:
+            typer.echo(f"  {guess.text()}")
 
 
 @app.command()

@@ -297,6 +297,18 @@ class Plan:
         default peer in it): the study's one baseline, or the native of its host."""
         return self.baselines[environment]
 
+    def cells(self) -> list[tuple[str, str]]:
+        """The grid's (environment, workload) cells, workloads in plan order: a network workload's
+        senders and receivers are peers of its cells, not cells of it, and an environment a filter
+        left out that stays as a peer has no cells at all."""
+        return [
+            (env.name, spec.name)
+            for spec in self.workloads
+            for env in self.environments
+            if (not isinstance(spec.workload, PeerWorkload) or spec.workload.runs_in(env.name))
+            and env.name not in self.peers_only
+        ]
+
     def hosts_used(self) -> tuple[Host, ...]:
         """The hosts the environments run on, each once, in the order the environments first name
         them (``LOCAL`` for this machine); one that reaches its machine by itself adds none."""

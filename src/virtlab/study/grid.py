@@ -73,15 +73,7 @@ class GridStudy(Study):
         self._usage_lock = threading.Lock()
         self._staged: set[Cell] = set()
         """The cells whose workload's files and prepare commands are in place in their environment."""
-        # A network workload's senders and receivers are peers of its cells, not cells of it; an
-        # environment a filter left out that stays as a peer has no cells at all.
-        self.cells: list[Cell] = [
-            (env.name, w.name)
-            for w in plan.workloads
-            for env in plan.environments
-            if (not isinstance(w.workload, PeerWorkload) or w.workload.runs_in(env.name))
-            and env.name not in plan.peers_only
-        ]
+        self.cells: list[Cell] = plan.cells()
 
     # -- the study's parts
     def shape(self) -> StudyShape:
