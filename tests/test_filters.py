@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from virtlab.errors import InputError
+from virtlab.export.summary import plain_lines, summarize
 from virtlab.filters import PlanFilters, filter_plan
 from virtlab.plan import load_plan, parse_plan
+from virtlab.results import load_results
 from virtlab_cli import CLI, cli_env, virtlab, virtlab_run
 
 PLAN = """
@@ -327,6 +329,9 @@ def test_the_summary_piped_is_plain_lines(plan_file, tmp_path):
     assert primes.startswith("primes · real_s: native ")
     assert ("% ○)" in pi or "% ×)" in pi) and "\x1b[" not in result.stdout
     assert lines[end + 1 :] == []  # no failure
+    # at most so many rows, the rest said to be in the report
+    short = plain_lines(summarize(load_results(out), max_rows=1), out / "report.html")
+    assert short == [pi, "... and 1 more in report.html", f"results: {out}/report.html"]
 
 
 def test_the_summary_on_a_terminal_is_a_table_with_the_failures(tmp_path):
