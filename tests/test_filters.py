@@ -20,7 +20,7 @@ import pytest
 
 from virtlab.errors import InputError
 from virtlab.export.summary import plain_lines, summarize
-from virtlab.filters import PlanFilters, filter_plan
+from virtlab.filters import PlanFilters, filter_plan, plan_filters, resume_command, run_names
 from virtlab.plan import load_plan, parse_plan
 from virtlab.results import load_results
 from virtlab_cli import CLI, cli_env, virtlab, virtlab_run
@@ -152,6 +152,58 @@ def test_each_filter_keeps_what_it_says():
     assert filtered("--skip-workload", "net").study.baseline == "native"
 
 
+def test_the_filters_as_options_as_stored_and_as_the_run_s_names():
+    given = PlanFilters.from_options(["a,b"], ["c"], ["x*", "y"], ["z"], "a")
+    assert given.argv() == [
+        "--env", "a,b", "--skip-env", "c", "--workload", "x*", "--workload", "y",
+        "--skip-workload", "z", "--baseline", "a",
+    ]  # fmt: skip
+    assert PlanFilters.from_dict(given.to_dict()) == given
+    assert not PlanFilters.from_dict(None) and PlanFilters.from_dict(None) == PlanFilters()
+    plan = filtered("--skip-env", "alt,server", "--skip-workload", "pr*")
+    assert plan.left_out.to_dict() == {
+        **plan.left_out.filters.to_dict(),
+        "options": "--skip-env alt,server --skip-workload 'pr*'",
+        "left_out": {"environments": ["alt", "server"], "workloads": ["primes"]},
+        "peers_only": ["server"],
+    }
+    assert plan_filters(plan) == plan.left_out.filters and plan_filters(parse_plan(PLAN)) == PlanFilters()
+    names = run_names(plan)
+    assert names.absent("alt") == "this run has no environment 'alt' (left out: --skip-env alt)"
+    assert names.absent("server") == "this run has no environment 'server' (left out: --skip-env server)"
+    assert (
+        names.absent("native", "primes")
+        == "this run has no workload 'primes' (left out: --skip-workload pr*)"
+    )
+    assert (
+        names.absent("native", "pi") is None
+        and names.absent("nowhere") == "this run has no environment 'nowhere'"
+    )
+    names = run_names(filtered("--env", "native,server", "--workload", "pi", "--workload", "net"))
+    assert names.absent("alt") == "this run has no environment 'alt' (left out: --env native,server)"
+    assert names.absent("native", "primes").endswith("(left out: --workload pi --workload net)")
+    names = run_names(filtered(preset="tiny"))
+    assert (
+        names.absent("native", "primes")
+        == "this run has no workload 'primes' (left out: not in --preset tiny)"
+    )
+    out = Path("results/x")
+    assert resume_command(
+        filtered("--skip-env", "alt", preset="tiny"), out, PlanFilters(skip_env=("alt",))
+    ) == ("virtlab run plan.toml --preset tiny --resume --out results/x --skip-env alt")
+
+
+def test_a_default_peer_follows_the_baseline_a_filter_names():
+    # net without peer =: its server is the baseline, native; --baseline alt makes it alt's own
+    plan = parse_plan(PLAN.replace('peer = "server"', ""), "plan.toml")
+    moved = filter_plan(plan, PlanFilters.from_options(skip_env=["native"], baseline="alt"))
+    assert [e.name for e in moved.environments] == ["alt", "server"] and moved.peers_only == ()
+    kept = filter_plan(plan, PlanFilters.from_options(env=["native", "alt"], workload=["net"]))
+    assert kept.peers_only == () and kept.cells() == [("native", "net"), ("alt", "net")]
+    alone = filter_plan(plan, PlanFilters(env=("native",)))
+    assert alone.cells() == [("native", "pi"), ("native", "primes"), ("native", "net")]
+
+
 def test_filters_over_a_preset_see_the_preset_s_plan():
     plan = filtered("--workload", "p*", preset="tiny")
     assert [w.name for w in plan.workloads] == ["pi"] and plan.study.trials == 1
@@ -191,6 +243,9 @@ def test_a_bad_filter_is_exit_2_with_the_plan_s_names(plan_file, tmp_path, argv,
 
 def test_filters_are_refused_for_a_scenario_and_with_command(tmp_path):
     scenario = Path(__file__).resolve().parents[1] / "plans" / "kvm-priority.toml"
+    with pytest.raises(InputError, match="the priority scenario of .* names its environments") as error:
+        filter_plan(load_plan(scenario), PlanFilters(skip_env=("x",), workload=("y",)))
+    assert error.value.where == "--skip-env --workload"
     result = virtlab("run", str(scenario), "--check", "--skip-env", "x")
     assert result.returncode == 2 and "names its environments in its own table" in result.stderr
     result = virtlab("run", "--command", "true", "--skip-env", "vm", "--out", str(tmp_path / "o"))
