@@ -221,7 +221,11 @@ BAD = [
     (("--skip-workload", "*"), "leaves no workload", "pi, primes, net"),
     (("--skip-env", "native"), "leaves out 'native', the baseline of 'alt'", "alt, server"),
     (("--env", "alt"), "leaves out 'native', the baseline of 'alt'", "alt"),
-    (("--skip-env", "native", "--baseline", "native"), "'native' is not an environment", "alt, server"),
+    (
+        ("--skip-env", "native", "--baseline", "native"),
+        "'native' is not an environment",
+        'alt, server, or "per-host"',
+    ),
 ]
 
 
