@@ -361,8 +361,15 @@ def test_the_section_judges_the_plans_paper_on_a_run():
         ),
         ('value("vm", "dd") > 0', "value(environment, workload, metric) takes 3 names"),
         ('overhead("vm", "dd", "m", "x") > 0', "overhead(environment, workload, metric) takes 3 names"),
-        ('value("kvm", "dd", "m") > 0', "no environment 'kvm'; the plan has native, vm"),
-        ('overhead("vm", "fio", "m") > 0', "no workload 'fio'; the plan has dd, io"),
+        (
+            'value("kvm", "dd", "m") > 0',
+            "no environment 'kvm' in any version of the plan (as written or with a preset); "
+            "it has native, vm",
+        ),
+        (
+            'overhead("vm", "fio", "m") > 0',
+            "no workload 'fio' in any version of the plan (as written or with a preset); it has dd, io",
+        ),
     ],
 )
 def test_a_plans_paper_problems_name_what_the_study_cannot_give(rule, problem):

@@ -118,7 +118,8 @@ def test_virtlab_report_rebuilds_the_section_from_the_stored_plan(study):
     [
         (
             ('"again", "noop", "nope"', '"xen", "noop", "nope"'),
-            "no environment 'xen'; the plan has native, again",
+            "no environment 'xen' in any version of the plan \\(as written or with a preset\\); "
+            "it has native, again",
         ),
         (('value("native", "noop", "ok") > 1', 'value("native", "dd", "ok") > 1'), "no workload 'dd'"),
         (('value("native", "noop", "ok") > 1', 'finish_rank("c1", "1") == 1'), "no figure 'finish_rank'"),

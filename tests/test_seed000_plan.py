@@ -10,6 +10,7 @@ pi to 2^14 digits, a tiny BLAST database, STREAM on a small array, nuttcp for 1 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from marks import needs_runc
 from test_io_plans import PLANS, container, figure, reduced, run
 from virtlab.plan import EnvironmentSpec, WorkloadSpec, load_plan
+from virtlab_cli import virtlab_run
 
 SMALL: dict[str, dict[str, Any]] = {
     "himeno": {"size": "XS", "target_s": 1.0},
@@ -196,3 +198,36 @@ def check(results: dict[str, Any], report: str) -> None:
     guest_bytes = next(e for e in results["environments"] if e["name"] == "kvm")["manifest"]["memory_bytes"]
     assert 512 * 2**20 < guest_bytes <= 1024 * 2**20
     assert row(table3, "MEMORY")[1].startswith(f"KVM {guest_bytes / 2**30:.1f} GiB, Xen ")
+
+
+@pytest.mark.slow
+def test_the_small_preset_without_xen_judges_kvm_and_says_why_xen_is_missing(guest_image, tmp_path):
+    """``--preset small --skip-env xen``, as a user with no Xen guest runs it. The whole preset is
+    tens of minutes under TCG, too slow for the suite: Himeno and SuperPI (Tables 4 and 5) only,
+    with ``--workload`` (about 4 minutes on this 2-core machine, shared)."""
+    out = tmp_path / "out"
+    argv = ("--preset", "small", "--skip-env", "xen", "--workload", "himeno-m", "--workload", "superpi-m20")
+    refused = virtlab_run(PLANS / "kvm-vs-xen.toml", tmp_path / "refused", "--preset", "small")
+    assert refused.returncode == 2 and "--skip-env xen" in refused.stderr  # no key: the way out named
+    result = virtlab_run(PLANS / "kvm-vs-xen.toml", out, *argv, timeout=1500)
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [e["name"] for e in results["environments"]] == ["native", "kvm"]
+    paper = results["paper"]
+    without = "this run has no environment 'xen' (left out: --skip-env xen)"
+    figures = [f for f in paper["figures"] if f["ref"] in ("Table 4", "Table 5")]
+    for item in figures:
+        if '"xen"' in item["figure"]:
+            assert item["measured"] is None and item["reason"] == without, item
+        else:  # native and KVM: measured and put beside the paper's
+            assert item["measured"] > 0 and item["ratio"] is not None and item["reason"] is None, item
+    assert len(figures) == 6
+    # a finding naming Xen cannot be measured here: for want of xen, or of a workload left out
+    xen = [f for f in paper["findings"] if '"xen"' in f["rule"]]
+    assert xen and all(f["verdict"] == "cannot be measured here" for f in xen)
+    assert all(f["reason"] == without or "(left out: --workload himeno-m" in f["reason"] for f in xen)
+    assert any(f["reason"] == without for f in xen)
+    xen_rows = [r for t in paper["setups"] for r in t["rows"] if r.get("reason")]
+    assert xen_rows and all(r["reason"] == f"cannot be measured here: {without}" for r in xen_rows)
+    report = (out / "report.md").read_text()
+    assert "Left out (--skip-env xen --workload himeno-m --workload superpi-m20): environments xen;" in report

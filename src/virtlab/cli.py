@@ -18,6 +18,7 @@ from virtlab.hosts.cli import hosts_app
 from virtlab.numa.cli import numa_app
 
 if TYPE_CHECKING:
+    from virtlab.filters import PlanFilters
     from virtlab.registry import Registry
 
 app = typer.Typer(
@@ -81,8 +82,31 @@ def run(
         list[str] | None,
         typer.Option("--package", help="with --command: a Debian package the guest image adds (repeatable)"),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="run only these environments of the plan: NAME[,NAME...] (repeatable)"),
+    ] = None,
+    skip_env: Annotated[
+        list[str] | None,
+        typer.Option("--skip-env", help="leave these environments out: NAME[,NAME...] (repeatable)"),
+    ] = None,
+    workload: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--workload", help="run only the workloads matching PATTERN (shell-style: 'nuttcp-*'; repeatable)"
+        ),
+    ] = None,
+    skip_workload: Annotated[
+        list[str] | None,
+        typer.Option("--skip-workload", help="leave out the workloads matching PATTERN (repeatable)"),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option("--baseline", help="the environment overheads are against, in place of the plan's"),
+    ] = None,
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
+    from virtlab.filters import PlanFilters, filter_plan
     from virtlab.oneliner import CommandOptions, command_plan, keep_plan, kept_plan
     from virtlab.plan import load_plan
     from virtlab.progress import LogProgress, RichProgress, SilentProgress
@@ -91,13 +115,18 @@ def run(
     options = CommandOptions(
         command, in_, tuple(file or ()), tuple(metric or ()), trials, tuple(package or ())
     )
+    filters = PlanFilters.from_options(
+        env or (), skip_env or (), workload or (), skip_workload or (), baseline
+    )
     if command is None:
         options.refuse_companions()
         plan = plan or (kept_plan(out) if resume else None)  # a study --command began: its kept plan
         if check:
-            _check_plan(plan, preset)
+            _check_plan(plan, preset, filters)
             return
-        study_plan = load_plan(plan, preset)
+        study_plan = filter_plan(load_plan(plan, preset), filters)
+    elif filters:
+        raise InputError(" ".join(filters.argv()), "filters a plan; --command makes one", "choose with --in")
     else:
         study_plan = command_plan(options, plan, preset, Path.cwd())
         if check:
@@ -112,23 +141,34 @@ def run(
     progress = SilentProgress() if quiet else RichProgress() if sys.stdout.isatty() else LogProgress()
     with keep_plan(study_plan, out, resume) if command is not None else nullcontext(study_plan) as study_plan:
         outcome = run_study(study_plan, out, resume, progress)
-    console.print(f"results: {out}/report.html")
-    if outcome.failed_environments or outcome.failed_cells:
-        failed = len(outcome.failed_cells) + len(outcome.failed_environments)
-        console.print(f"[red]{failed} environment(s)/cell(s) failed; see the report's Failures section[/red]")
+    _summary(out, quiet)
     raise typer.Exit(outcome.exit_code)
 
 
-def _check_plan(path: Path | None, preset: str | None) -> None:
+def _summary(out: Path, quiet: bool) -> None:
+    """The study's summary where the user is looking (``virtlab.export.summary``)."""
+    from virtlab.export.summary import print_summary
+    from virtlab.results import load_results
+
+    report = out / "report.html"
+    if quiet or not (out / "results.json").exists():  # a study refused late writes none
+        typer.echo(report)
+    else:
+        print_summary(load_results(out), report, sys.stdout, sys.stdout.isatty())
+
+
+def _check_plan(path: Path | None, preset: str | None, filters: PlanFilters) -> None:
     """``virtlab run --check``: the plan (with --preset, that preset; else every preset) validated,
     its ``[image]`` packages looked up in the mirror, one line for each; an invalid one is the usual
-    InputError, exit 2."""
+    InputError, exit 2. Filters are checked against each."""
+    from virtlab.estimate import estimate
+    from virtlab.filters import filter_plan
     from virtlab.plan import default_plan_path, load_every_preset, load_plan
     from virtlab.study.preflight import check_image
 
     path = path or default_plan_path()
     plans = [load_plan(path, preset)] if preset is not None else load_every_preset(path)
-    for checked in plans:
+    for checked in (filter_plan(plan, filters) for plan in plans):
         check_image(checked)
         name = f"preset {checked.preset}" if checked.preset else "as written"
         kinds = ", ".join(sorted({env.kind for env in checked.environments}))
@@ -136,6 +176,8 @@ def _check_plan(path: Path | None, preset: str | None) -> None:
             f"{path} ({name}): valid, {len(checked.environments)} environment(s) ({kinds}), "
             f"{len(checked.workloads)} workload(s)"
         )
+        if preset is not None and (guess := estimate(checked)) is not None:
+            typer.echo(f"  {guess.text()}")
 
 
 @app.command()

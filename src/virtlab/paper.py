@@ -346,6 +346,8 @@ class SetupLine:
     """None where virtlab records nothing for the item."""
     missing: tuple[str, ...] = ()
     """The values the row names that this run does not have (shown as "?")."""
+    reason: str | None = None
+    """Why the row cannot be measured here (this run has no environment it names); else None."""
 
 
 @dataclass(frozen=True)
@@ -394,7 +396,7 @@ class PaperVerdicts:
                 str(t.get("ref", "")), str(t.get("title", "")),
                 tuple(
                     SetupLine(str(r.get("item", "")), str(r.get("paper", "")), r.get("this_run"),
-                              tuple(r.get("missing") or ()))
+                              tuple(r.get("missing") or ()), r.get("reason"))
                     for r in t.get("rows") or ()
                 ),
             )
@@ -424,12 +426,18 @@ def judge_findings(
     figures: Mapping[str, Figure],
     facts: Mapping[str, float | bool | None],
     reasons: Mapping[str, str] | None = None,
+    names: RunNames | None = None,
 ) -> list[FindingCheck]:
-    """Each finding: "cannot be measured here" when the host lacks what it needs (the reason says
-    what, in the fact's own words where ``reasons`` has them) or a figure its rule reads is missing
-    (the reason says why); else holds or does not."""
+    """Each finding: "cannot be measured here" when its rule names an environment or a workload the
+    run does not have (``names``), when the host lacks what it needs (the reason says what, in the
+    fact's own words where ``reasons`` has them) or a figure its rule reads is missing (the reason
+    says why); else holds or does not."""
     checks = []
     for finding in findings:
+        absent = names.absent_from(finding.rule) if names is not None else None
+        if absent is not None:  # before the host's facts: no host could measure what the run lacks
+            checks.append(FindingCheck(finding.claim, finding.ref, finding.rule, NOT_HERE, absent, {}))
+            continue
         unmet = unmet_needs(finding.needs, facts, reasons)
         if unmet:
             reason = "needs " + "; ".join(unmet)
@@ -458,6 +466,54 @@ HYPERVISOR_FACTS = {"xen": "xen", "hyperv": "microsoft", "esxi": "vmware"}
 """Hypervisors the seeds measured that virtlab has no kind for, by the name an ``ssh``
 environment's manifest gives what its host runs on (``virtualization``: systemd-detect-virt, or
 DMI): a finding that needs one holds only where the run reached such a guest over SSH."""
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """The environments and workloads this run has (its plan's, after a preset and filters), and
+    how those it does not have were left out (name -> the option, e.g. ``--skip-env xen``): a
+    [paper] row naming one cannot be measured here, which is no fault of the plan."""
+
+    environments: frozenset[str]
+    workloads: frozenset[str]
+    left_out: Mapping[str, str] = field(default_factory=dict)
+
+    def absent(self, environment: str | None, workload: str | None = None) -> str | None:
+        """Why this run has no such environment or workload ("this run has no environment 'xen'
+        (left out: --skip-env xen)"), or None when it has both."""
+        for kind, name, names in (
+            ("environment", environment, self.environments),
+            ("workload", workload, self.workloads),
+        ):
+            if name is not None and name not in names:
+                how = self.left_out.get(name)
+                return f"this run has no {kind} {name!r}" + (f" (left out: {how})" if how else "")
+        return None
+
+    def absent_from(self, rule: str) -> str | None:
+        """Why the run cannot give a figure ``rule`` reads (the first it lacks), or None."""
+        for name, arguments in rule_calls(rule):
+            if name in GRID_FIGURES and len(arguments) >= 2:
+                reason = self.absent(*arguments[:2])
+                if reason is not None:
+                    return reason
+        return None
+
+
+def within_run(figures: Mapping[str, Figure], names: RunNames) -> dict[str, Figure]:
+    """The grid's figures answering NotMeasured, with the reason, for an environment or a workload
+    the run does not have (before any question of cells)."""
+
+    def guarded(figure: Figure) -> Figure:
+        def read(*args: str) -> float:
+            reason = names.absent(*args[:2]) if len(args) >= 2 else None
+            if reason is not None:
+                raise NotMeasured(reason)
+            return figure(*args)
+
+        return read
+
+    return {name: guarded(f) if name in GRID_FIGURES else f for name, f in figures.items()}
 
 
 def run_figures(results: Results) -> dict[str, Figure]:
@@ -594,11 +650,22 @@ def fill_setup(template: str, values: Mapping[str, Any]) -> tuple[str | None, tu
     return _PLACEHOLDER.sub(one, template), tuple(missing)
 
 
-def judge_setups(setups: Sequence[PaperSetup], values: Mapping[str, Any]) -> list[SetupTable]:
+def judge_setups(
+    setups: Sequence[PaperSetup], values: Mapping[str, Any], names: RunNames | None = None
+) -> list[SetupTable]:
+    """Each set-up table with this run's values; a row naming an environment the run does not have
+    (``names``) cannot be measured here, with the reason."""
     tables = []
     for setup in setups:
         rows = []
         for row in setup.row:
+            named = [
+                p.split(".")[1] for p in _PLACEHOLDER.findall(row.this_run) if p.startswith("environment.")
+            ]
+            absent = next(filter(None, (names.absent(n) for n in named)), None) if names else None
+            if absent is not None:
+                rows.append(SetupLine(row.item, row.paper, None, (), f"{NOT_HERE}: {absent}"))
+                continue
             text, missing = fill_setup(row.this_run, values)
             rows.append(SetupLine(row.item, row.paper, text, missing))
         tables.append(SetupTable(setup.ref, setup.title, tuple(rows)))
@@ -611,14 +678,18 @@ def paper_section(
     facts: Mapping[str, float | bool | None],
     reasons: Mapping[str, str] | None = None,
     values: Mapping[str, Any] | None = None,
+    names: RunNames | None = None,
 ) -> dict[str, object]:
     """results.json's ``paper`` (``PaperVerdicts``) of the plan's [paper] judged on a run;
-    ``values``: what its set-up tables read (``setup_values``)."""
+    ``values``: what its set-up tables read (``setup_values``); ``names``: what a grid's run has
+    (its rows naming anything else cannot be measured here)."""
+    if names is not None:
+        figures = within_run(figures, names)
     judged = PaperVerdicts(
         spec.source,
         tuple(judge_figures(spec.figure, figures)),
-        tuple(judge_findings(spec.finding, figures, facts, reasons)),
-        tuple(judge_setups(spec.setup, values or {})),
+        tuple(judge_findings(spec.finding, figures, facts, reasons, names)),
+        tuple(judge_setups(spec.setup, values or {}, names)),
     )
     return judged.to_dict()
 
@@ -641,8 +712,8 @@ def paper_problems(
     workloads: Sequence[str] | None,
 ) -> list[str]:
     """What the plan's [paper] asks that its study cannot give: a figure the study does not offer, a
-    grid figure with other than (environment, workload, metric), an environment or a workload the
-    plan does not have (``None``: the study names them itself, as a scenario does)."""
+    grid figure with other than (environment, workload, metric), an environment or a workload no
+    version of the plan has (``None``: the study names them itself, as a scenario does)."""
     problems = []
     for setup in spec.setup:
         for row in setup.row:
@@ -650,8 +721,8 @@ def paper_problems(
                 name = path.split(".")[1] if path.startswith("environment.") else None
                 if name is not None and environments is not None and name not in environments:
                     problems.append(
-                        f"paper.setup ({setup.ref}, {row.item}): no environment {name!r}; the plan has "
-                        f"{', '.join(environments)}"
+                        f"paper.setup ({setup.ref}, {row.item}): no environment {name!r} in any version "
+                        f"of the plan (as written or with a preset); it has {', '.join(environments)}"
                     )
     rules = [(f"paper.figure ({f.ref})", f.figure) for f in spec.figure]
     rules += [(f"paper.finding ({f.claim[:40]})", f.rule) for f in spec.finding]
@@ -663,8 +734,12 @@ def paper_problems(
                 problems.append(f"{where}: {name}(environment, workload, metric) takes 3 names")
             elif name in GRID_FIGURES and environments is not None and arguments[0] not in environments:
                 problems.append(
-                    f"{where}: no environment {arguments[0]!r}; the plan has {', '.join(environments)}"
+                    f"{where}: no environment {arguments[0]!r} in any version of the plan (as written "
+                    f"or with a preset); it has {', '.join(environments)}"
                 )
             elif name in GRID_FIGURES and workloads is not None and arguments[1] not in workloads:
-                problems.append(f"{where}: no workload {arguments[1]!r}; the plan has {', '.join(workloads)}")
+                problems.append(
+                    f"{where}: no workload {arguments[1]!r} in any version of the plan (as written or "
+                    f"with a preset); it has {', '.join(workloads)}"
+                )
     return problems

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -55,12 +55,15 @@ from virtlab.hosts.guests import (
 )
 from virtlab.image.packages import ImageTable
 from virtlab.paper import GRID_FIGURES, PaperSpec, paper_problems
-from virtlab.preset import PRESET_KEY, PresetError, apply_preset, description, preset_tables
+from virtlab.preset import PRESET_KEY, REMOVE_KEY, PresetError, apply_preset, description, preset_tables
 from virtlab.registry import Registry, UnknownPluginError
 from virtlab.scenario_kinds import SCENARIOS
 from virtlab.workloads import WORKLOADS, Workload
 from virtlab.workloads._base import RunsForADuration
 from virtlab.workloads._peer import PeerSettings, PeerWorkload
+
+if TYPE_CHECKING:
+    from virtlab.filters import LeftOut
 
 DEFAULT_PLAN = "quick.toml"
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -265,6 +268,16 @@ class Plan:
     preset_description: str = ""
     image: ImageTable = field(default_factory=ImageTable)
     """``[image]``: what the guest image has besides virtlab's own packages (``virtlab.image.packages``)."""
+    every_version_names: tuple[str, ...] = ()
+    """The environment and workload names of the plan as written and of each of its presets: what
+    a [paper] row may name (``_names_in_every_version``)."""
+    left_out: LeftOut | None = None
+    """What ``virtlab run``'s filters left out (``virtlab.filters``); None: the plan's whole grid."""
+
+    @property
+    def peers_only(self) -> tuple[str, ...]:
+        """Environments the filters left out that stay as network workloads' peers, with no cells."""
+        return self.left_out.peers_only if self.left_out is not None else ()
 
     @property
     def sha256(self) -> str:
@@ -289,6 +302,18 @@ class Plan:
         """The environment ``environment``'s overheads are against (and a network workload's
         default peer in it): the study's one baseline, or the native of its host."""
         return self.baselines[environment]
+
+    def cells(self) -> list[tuple[str, str]]:
+        """The grid's (environment, workload) cells, workloads in plan order: a network workload's
+        senders and receivers are peers of its cells, not cells of it, and an environment a filter
+        left out that stays as a peer has no cells at all."""
+        return [
+            (env.name, spec.name)
+            for spec in self.workloads
+            for env in self.environments
+            if (not isinstance(spec.workload, PeerWorkload) or spec.workload.runs_in(env.name))
+            and env.name not in self.peers_only
+        ]
 
     def hosts_used(self) -> tuple[Host, ...]:
         """The hosts the environments run on, each once, in the order the environments first name
@@ -338,6 +363,7 @@ def parse_plan(
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise InputError(source, f"not valid TOML: {error}", "fix the syntax at the line named") from None
+    every_version = _names_in_every_version(document)
     document, presets, chosen = _with_preset(document, source, preset)
     if preset is not None:
         source = f"{source} (preset {preset})"
@@ -393,10 +419,11 @@ def parse_plan(
             f'use one of: {", ".join(env_names)}, or "{PER_HOST}" (each host\'s native)',
         )
     scenario = _scenario(document, study, environments, workloads, source) if study.scenario else None
-    paper = _paper(document, study, env_names, [spec.name for spec in workloads], source)
+    paper = _paper(document, study, every_version, source)
     plan = Plan(
-        source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen, image
-    )
+        source, text, study, environments, workloads, scenario, hosts, paper, preset, presets, chosen, image,
+        every_version_names=(*every_version[0], *every_version[1]),
+    )  # fmt: skip
     _check_baselines(plan)
     _check_nfs_server(plan)
     return plan
@@ -480,20 +507,47 @@ def load_every_preset(path: Path) -> list[Plan]:
 
 
 def _paper(
-    document: dict[str, Any], study: StudySpec, environments: list[str], workloads: list[str], source: str
+    document: dict[str, Any], study: StudySpec, names: tuple[list[str], list[str]], source: str
 ) -> PaperSpec | None:
-    """[paper]: what the seed published, its rules checked against what this study offers."""
+    """[paper]: what the seed published, its rules checked against what this study offers and the
+    names of every version of the plan (``names``: ``_names_in_every_version``). A name this run
+    lacks (a preset or a filter left it out) is judged "cannot be measured here" when the run is."""
     if "paper" not in document:
         return None
     spec = _validated(PaperSpec, document["paper"], source, "paper")
     if study.scenario is None:
-        problems = paper_problems(spec, GRID_FIGURES, environments, workloads)
+        problems = paper_problems(spec, GRID_FIGURES, *names)
     else:
         offered = (*GRID_FIGURES, *SCENARIOS.get(study.scenario).paper_figures)
         problems = paper_problems(spec, offered, None, None)
     if problems:
-        raise InputError(source, problems[0], "use the names of this plan and the figures its study offers")
+        raise InputError(
+            source,
+            problems[0],
+            "use the names of this plan and the figures its study offers; to run without an "
+            "environment or a workload, keep its table and leave it out with --skip-env or "
+            "--skip-workload (the rows naming it then say they cannot be measured here)",
+        )
     return spec
+
+
+def _names_in_every_version(document: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The environment and workload names of the plan as written and of each of its presets (the
+    names a preset adds): what a [paper] row may name. Tables of the wrong shape give none; their
+    own validation says what is wrong with them."""
+    versions = [document]
+    presets = document.get(PRESET_KEY)
+    if isinstance(presets, dict):
+        versions += [table for table in presets.values() if isinstance(table, dict)]
+    found: tuple[list[str], list[str]] = ([], [])
+    for version in versions:
+        for key, names in zip(("environment", "workload"), found, strict=True):
+            tables = version.get(key)
+            for table in tables if isinstance(tables, list) else ():
+                name = table.get("name") if isinstance(table, dict) else None
+                if isinstance(name, str) and name not in names and not table.get(REMOVE_KEY):
+                    names.append(name)
+    return found
 
 
 def _scenario(

@@ -78,6 +78,8 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
     parts = [f"# {escape(report.title)}", escape(report.study_line)]
     if report.preset_line:
         parts.append(escape(report.preset_line))
+    if report.filter_line:
+        parts.append(escape(report.filter_line))
     parts += table_section(report.results, escape(report.legend))
     parts += not_measured(report.not_measured)
     parts += table_section(report.overhead)

@@ -31,7 +31,9 @@ def _setup(table: SetupTable, index: int, source: str) -> Table:
     """One of the paper's set-up tables in its own layout, this run's value beside each row."""
     rows = []
     for line in table.rows:
-        if line.this_run is None:
+        if line.reason is not None:
+            this_run = Cell(line.reason, "missing")
+        elif line.this_run is None:
             this_run = Cell(NOT_RECORDED, "missing")
         elif line.missing:
             this_run = Cell(f"{line.this_run} (? = not in this run: {', '.join(line.missing)})", "missing")

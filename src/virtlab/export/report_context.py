@@ -216,6 +216,8 @@ class Report:
     """Where those hosts differ in what changes a measurement; None with :attr:`hosts`."""
     preset_line: str = ""
     """Which of the plan's presets ran (``virtlab run --preset``); "" for the plan as written."""
+    filter_line: str = ""
+    """What ``virtlab run``'s filters left out of the plan; "" for the whole plan."""
     documents: tuple[tuple[str, str], ...] = ()
     """What environments ran from, shown whole under the environments: (title, text), e.g. a Pod's
     manifest (``manifest["pod_manifest"]``)."""
@@ -468,6 +470,8 @@ class ReportContext:
             return f"environment {ENV} failed" + (f": {env_as_placeholder(error, env)}" if error else "")
         if info is None and env not in {c[0] for c in self.cells}:
             return f"environment {ENV} is not part of this study"
+        if env in ((self.study.filters or {}).get("peers_only") or ()):
+            return f"environment {ENV} ran only as a network workload's peer (a filter left its cells out)"
         for failure in self.failures:
             if failure.environment == env and failure.workload in (None, row.workload):
                 error = env_as_placeholder(first_line(failure_cause(failure.error, failure.log)), env)

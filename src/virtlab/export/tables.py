@@ -480,6 +480,22 @@ def preset_line(study: Study) -> str:
     return f"Preset: {study.preset}{described}"
 
 
+def filter_line(study: Study) -> str:
+    """What the run's filters left out of the plan, and with which options; "" for the whole plan."""
+    filters = study.filters
+    if not filters:
+        return ""
+    left_out = filters.get("left_out") or {}
+    parts = []
+    for kind in ("environments", "workloads"):
+        if left_out.get(kind):
+            parts.append(f"{kind} {', '.join(left_out[kind])}")
+    peers = filters.get("peers_only") or []
+    kept = f" ({', '.join(peers)} kept as a network workload's peer only)" if peers else ""
+    given = f" ({filters['options']})" if filters.get("options") else ""
+    return f"Left out{given}: {'; '.join(parts) or 'nothing'}{kept}"
+
+
 def _facts(ctx: ReportContext) -> tuple[tuple[str, str], ...]:
     meta = ctx.results.metadata
     ok = sum(1 for e in ctx.env_info.values() if e.status == "ok")
@@ -527,6 +543,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         hosts=hosts_table(ctx),
         host_differences=host_differences_table(ctx),
         preset_line=preset_line(ctx.study),
+        filter_line=filter_line(ctx.study),
         documents=environment_documents(ctx),
         workloads=workloads_table(ctx),
     )

@@ -150,6 +150,8 @@ class Study:
     preset: str | None = None
     """The plan's ``[preset.NAME]`` the study ran with (``virtlab run --preset``); None: as written."""
     preset_description: str | None = None
+    filters: Mapping[str, Any] | None = None
+    """What ``virtlab run``'s filters left out (``virtlab.filters.LeftOut``); None: the whole plan."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, machine_fault_cause
 from virtlab.eta import Durations, remaining_s
 from virtlab.export import write_reports, write_results_json
+from virtlab.filters import FILTERS_KEY, run_names
 from virtlab.hosts.check import HostCheck
 from virtlab.outputs import HOSTS_KEY, PLACES_KEY, write_outputs
 from virtlab.paper import (
@@ -195,6 +196,8 @@ class Study(ABC):
         store.put("plan_text", self.plan.text)
         here = collect_host_metadata()
         store.put("plan_preset", self.plan.preset)
+        left_out = self.plan.left_out
+        store.put(FILTERS_KEY, left_out.filters.to_dict() if left_out is not None else None)
         store.put(
             "metadata",
             {
@@ -255,6 +258,8 @@ class Study(ABC):
         }  # fmt: skip
         if self.plan.preset is not None:
             summary |= {"preset": self.plan.preset, "preset_description": self.plan.preset_description}
+        if self.plan.left_out is not None:
+            summary["filters"] = self.plan.left_out.to_dict()
         self.store.put("study", summary)
 
     def record_end(self) -> None:
@@ -279,6 +284,7 @@ class Study(ABC):
                 run_facts(model),
                 run_fact_reasons(model),
                 setup_values(model),
+                run_names(self.plan) if self.name == GRID else None,
             )
         if section is not None or self.plan.paper is not None:
             write_results_json(results, self.out_dir / "results.json")

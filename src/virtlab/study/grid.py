@@ -82,13 +82,7 @@ class GridStudy(Study):
         """The tasks not ended yet, in planned order, for the estimate of the time left."""
         self._durations = Durations()
         self._began: dict[Task, float] = {}
-        # A network workload's senders and receivers are peers of its cells, not cells of it.
-        self.cells: list[Cell] = [
-            (env.name, w.name)
-            for w in plan.workloads
-            for env in plan.environments
-            if not isinstance(w.workload, PeerWorkload) or w.workload.runs_in(env.name)
-        ]
+        self.cells: list[Cell] = plan.cells()
 
     # -- the study's parts
     def shape(self) -> StudyShape:

@@ -12,6 +12,7 @@ from virtlab import dirlock
 from virtlab.environments._base import SETUP_WORKLOAD
 from virtlab.errors import MACHINE_ERRORS, InputError, MachineFault, machine_fault_cause
 from virtlab.export.report_context import Table
+from virtlab.filters import FILTERS_KEY, PlanFilters, filter_plan, plan_filters, resume_command, run_names
 from virtlab.plan import Plan
 from virtlab.progress import ProgressSink, SilentProgress
 from virtlab.scenario_kinds import SCENARIOS
@@ -73,6 +74,15 @@ def check_results_dir(plan: Plan, out_dir: Path, resume: bool) -> bool:
                 plan.source,
                 f"differs from the plan that started {out_dir}",
                 "resume with the same plan file, or start a new study",
+            )
+        began = PlanFilters.from_dict(store.get(FILTERS_KEY))
+        if findings and began != plan_filters(plan):
+            said = " ".join(began.argv()) or "no filters"
+            raise InputError(
+                str(out_dir),
+                f"was begun with {said}; --resume continues a study only with the filters it began with",
+                f"resume it with `{resume_command(plan, out_dir, began)}`, or give another --out for "
+                "this selection",
             )
     finally:
         store.close()
@@ -150,7 +160,8 @@ def stored_plan(directory: Path, store: ResultStore) -> Plan:
     plan_file = (store.get("study") or {}).get("plan_file")
     where = Path(plan_file).parent if plan_file else directory
     source = str(directory / "results.sqlite (stored plan)")
-    return parse_plan(text, source, where, preset=store.get("plan_preset"), stored=True)
+    plan = parse_plan(text, source, where, preset=store.get("plan_preset"), stored=True)
+    return filter_plan(plan, PlanFilters.from_dict(store.get(FILTERS_KEY)))
 
 
 def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None = None) -> tuple[Table, ...]:
@@ -173,5 +184,6 @@ def judge_against_paper(directory: Path, store: ResultStore, plan: Plan | None =
         run_facts(results),
         run_fact_reasons(results),
         setup_values(results),
+        run_names(plan) if plan.study.scenario is None else None,
     )
     return paper_tables(Results.from_dict({**results.document, "paper": section}))

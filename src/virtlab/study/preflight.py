@@ -63,6 +63,8 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
                         f"use one of: {', '.join(names)}",
                     )
     problems, space = [], []
+    blamed: str | None = None
+    """The environment of the first problem: this host cannot run it today (a guest not set up)."""
     for env in plan.environments:
         if env.control is not None:
             vcpus = vcpu_count(env.options.abilities())
@@ -77,10 +79,13 @@ def preflight(plan: Plan, out_dir: Path | None = None) -> KernelBuild:
                 problems.append(f"environment {env.name!r}, workload {workload.name!r}: {problem}")
             if not uses_nfs(workload.workload):
                 space += space_problems(env, workload, out_dir or Path("results"))
+        if problems and blamed is None:
+            blamed = env.name
     served_here = plan.study.nfs_server is None
     if served_here and any(uses_nfs(spec.workload) for spec in plan.workloads) and nfs.missing():
         problems.append(f'storage = "nfs": {nfs.missing()}')
-    refuse_first(plan, problems)
+    rest = f"; or run the rest without it: --skip-env {blamed}" if len(plan.environments) > 1 else ""
+    refuse_first(plan, problems, INSTALL_FIX + (rest if blamed else ""))
     refuse_first(plan, space, "make the workload's file smaller or give it a place with room")
     return kernels_for(plan)
 
