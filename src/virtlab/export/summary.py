@@ -72,6 +72,10 @@ def judge(cell: Cell | None, base: Cell | None, threshold_pct: float, is_baselin
         return Figure(None, None, None, is_baseline)
     if is_baseline:
         return Figure(cell.value, None, None, True)
+    if cell.overhead_pct is not None:
+        # The analysis's own overhead and its decided verdict (○ / × / ? by the 95% interval, or
+        # the point method where the study asks for it), as the report's tables show them.
+        return Figure(cell.value, cell.overhead_pct, cell.verdict, False)
     overhead = stats.overhead_pct(cell.value, base.value if base else None, cell.direction)
     return Figure(cell.value, overhead, stats.verdict(overhead, threshold_pct), False)
 
