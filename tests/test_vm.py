@@ -149,8 +149,8 @@ def test_numa_nodes_split_vcpus_and_memory():
 def test_block_device_is_the_second_disk():
     argv = argv_of(block_device="/dev/nvme0n1", disk_cache="directsync")
     assert values(argv, "-drive") == [
-        "file=disk.qcow2,format=raw,if=none,id=disk0,cache=directsync",
-        "file=/dev/nvme0n1,format=raw,if=none,id=disk1,cache=directsync",
+        "file=disk.qcow2,format=raw,if=none,id=disk0,cache=directsync,aio=threads",
+        "file=/dev/nvme0n1,format=raw,if=none,id=disk1,cache=directsync,aio=threads",
     ]
     assert "virtio-blk-pci,drive=disk1,id=disk1-dev" in values(argv, "-device")
     assert (

@@ -18,6 +18,9 @@ from virtlab.environments import EnvironmentLost
 from virtlab.environments.guest_vm import HUNG_TASK, kernel_cmdline
 from virtlab.environments.libvirt import DomainFiles, LibvirtOptions, domain_xml
 from virtlab.environments.vm import VmEnvironment, VmFiles, VmOptions, qemu_argv
+from virtlab.study.measure import measure_inside
+from virtlab.study.outcome import TrialFailure
+from virtlab.workloads.fio import Fio, FioParams
 from virtlab_cli import virtlab, virtlab_run
 
 STALL_FOUND_WITHIN_S = 30.0
@@ -65,7 +68,8 @@ def test_native_aio_without_o_direct_is_refused_with_its_fix():
 def test_plan_check_refuses_native_aio_on_the_host_page_cache(tmp_path):
     plan = tmp_path / "plan.toml"
     plan.write_text(
-        '[study]\nname = "s"\n\n[[environment]]\nname = "vm"\nkind = "vm"\ndisk_cache = "writeback"\ndisk_aio = "native"\n\n'
+        '[study]\nname = "s"\n\n[[environment]]\nname = "vm"\nkind = "vm"\n'
+        'disk_cache = "writeback"\ndisk_aio = "native"\n\n'
         '[[workload]]\nname = "p"\nkind = "primes"\n'
     )
     checked = virtlab("run", str(plan), "--check")
@@ -187,3 +191,47 @@ def test_a_hung_guest_in_a_study_is_failed_at_once_and_its_other_trials_are_not_
     assert len(cells[("native", "after", "elapsed_s")]) == 2
     report = (out / "report.md").read_text()
     assert "marked failed" in report
+
+
+# -- the file-server cell on each bus ------------------------------------------------------------
+
+CELL_RUNS = 1
+"""Runs per bus here (the suite's time); bench/vm_disk_hang.py repeats the cell 10 times per bus
+(its table: docs/vm-disk.md)."""
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("bus", ["virtio-scsi", "virtio-blk", "ide"])
+def test_the_file_server_cell_is_measured_or_its_hang_reported_on_each_bus(
+    bus, guest_image, kernel_build, tmp_path
+):
+    workload = Fio(FioParams(pattern="fileserver", iodepths=[1, 2, 4, 8, 16, 32], size_mb=256, runtime_s=2))
+    options = VmOptions(
+        vcpus=1, memory_mb=1536, accel="tcg", disk_bus=bus, machine="pc" if bus == "ide" else "q35"
+    )
+    outcomes = []
+    env = None
+    try:
+        for run in range(CELL_RUNS):
+            if env is None:
+                env = VmEnvironment(f"cell-{bus}", options, tmp_path / f"vm{run}")
+                env.provision(kernel_build)
+            try:
+                samples = measure_inside(env, workload)
+            except TrialFailure as failure:
+                # the one other outcome allowed: a hang, found on the console's line, not a timeout
+                assert failure.environment_lost and HUNG_TASK in str(failure), f"run {run}: {failure}"
+                outcomes.append("hang")
+                env.teardown()
+                env = None
+                continue
+            rates = {s.metric: s.value for s in samples if s.metric.endswith("_mbs")}
+            assert {f"fileserver_qd{qd}_mbs" for qd in (1, 2, 4, 8, 16, 32)} <= set(rates), sorted(rates)
+            assert all(rate > 0 for rate in rates.values())
+            outcomes.append("measured")
+    finally:
+        if env is not None:
+            env.teardown()
+    print(f"{bus}: {outcomes}")
+    assert len(outcomes) == CELL_RUNS
