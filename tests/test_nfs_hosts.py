@@ -57,7 +57,8 @@ def test_the_datastore_is_a_third_virtio_disk_found_by_its_serial():
     argv = qemu_argv(VmOptions(disk_bus="ide"), accelerator="tcg", files=files, append="", datastore=url)
     drives = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-drive"]
     assert drives[-1] == (
-        "file=nfs://198.19.0.11/srv/export/virtlab-vm-1,,a.raw,format=raw,if=none,id=datastore,cache=none"
+        "file=nfs://198.19.0.11/srv/export/virtlab-vm-1,,a.raw,format=raw,if=none,id=datastore,"
+        "cache=none,aio=threads"
     )
     devices = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-device"]
     assert f"virtio-blk-pci,drive=datastore,id=datastore-dev,serial={DATASTORE_SERIAL}" in devices

@@ -65,7 +65,7 @@ def test_q35_virtio_blk_qcow2():
     assert values(argv, "-cpu") == ["max"]
     assert values(argv, "-smp") == ["2"] and values(argv, "-m") == ["2048M"]
     assert "-S" in argv and "-nodefaults" in argv and "-no-reboot" in argv
-    assert values(argv, "-drive") == ["file=disk.qcow2,format=qcow2,if=none,id=disk0,cache=none"]
+    assert values(argv, "-drive") == ["file=disk.qcow2,format=qcow2,if=none,id=disk0,cache=none,aio=threads"]
     devices = values(argv, "-device")
     assert "virtio-blk-pci,drive=disk0,id=disk0-dev" in devices
     assert "virtserialport,bus=vserial0.0,chardev=qga0,name=org.qemu.guest_agent.0" in devices
@@ -149,8 +149,8 @@ def test_numa_nodes_split_vcpus_and_memory():
 def test_block_device_is_the_second_disk():
     argv = argv_of(block_device="/dev/nvme0n1", disk_cache="directsync")
     assert values(argv, "-drive") == [
-        "file=disk.qcow2,format=raw,if=none,id=disk0,cache=directsync",
-        "file=/dev/nvme0n1,format=raw,if=none,id=disk1,cache=directsync",
+        "file=disk.qcow2,format=raw,if=none,id=disk0,cache=directsync,aio=threads",
+        "file=/dev/nvme0n1,format=raw,if=none,id=disk1,cache=directsync,aio=threads",
     ]
     assert "virtio-blk-pci,drive=disk1,id=disk1-dev" in values(argv, "-device")
     assert (

@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +28,8 @@ from qemu.qmp import QMPClient
 from qemu.qmp.error import QMPError
 
 T = TypeVar("T")
+WATCH_INTERVAL_S = 1.0
+"""How often a guest-agent request's ``watch`` is called while its answer is awaited."""
 
 # sockaddr_un.sun_path is 108 bytes; longer paths are reached through a directory descriptor.
 _SUN_PATH_MAX = 107
@@ -209,15 +211,20 @@ class GuestAgent:
             self.close()
             raise GuestAgentError(f"the guest agent socket failed: {error}") from error
 
-    def _read_more(self, deadline: float) -> None:
+    def _read_more(self, deadline: float, watch: Callable[[], None] | None = None) -> None:
         assert self._sock is not None
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
+        if watch is not None:
+            watch()  # may raise: the caller gives up on this answer (a stale reply is skipped later)
+            left = min(left, WATCH_INTERVAL_S)
         self._sock.settimeout(left)
         try:
             chunk = self._sock.recv(1 << 20)
         except TimeoutError:
+            if watch is not None and time.monotonic() < deadline:
+                return  # only a watch interval has passed
             raise
         except OSError as error:
             self.close()
@@ -227,12 +234,14 @@ class GuestAgent:
             raise GuestAgentError("the guest agent socket was closed (did the VM stop?)")
         self._buffer += chunk
 
-    def _answer(self, request_id: int, deadline: float, sync: bool = False) -> dict[str, Any]:
+    def _answer(
+        self, request_id: int, deadline: float, sync: bool = False, watch: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
         """The reply carrying ``request_id``; replies to requests given up on earlier are skipped."""
         while True:
             line, newline, rest = self._buffer.partition(b"\n")
             if not newline:
-                self._read_more(deadline)
+                self._read_more(deadline, watch)
                 continue
             self._buffer = rest
             line = line.strip(b"\xff \r\t")
@@ -261,14 +270,23 @@ class GuestAgent:
             return False
         return True
 
-    def execute(self, command: str, arguments: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    def execute(
+        self,
+        command: str,
+        arguments: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+        watch: Callable[[], None] | None = None,
+    ) -> Any:
+        """The command's answer within ``timeout`` s; ``watch`` is called before the first read and
+        about every ``WATCH_INTERVAL_S`` while the answer is awaited, and may raise to stop waiting
+        (a guest whose console says it hangs is not waited for)."""
         request_id = next(self._ids)
         request: dict[str, Any] = {"execute": command, "id": request_id}
         if arguments:
             request["arguments"] = arguments
         self._send(json.dumps(request).encode() + b"\n")
         try:
-            reply = self._answer(request_id, time.monotonic() + timeout)
+            reply = self._answer(request_id, time.monotonic() + timeout, watch=watch)
         except TimeoutError:
             raise GuestAgentError(f"guest agent: no answer to {command} within {timeout:g} s") from None
         if "error" in reply:

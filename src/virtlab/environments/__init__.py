@@ -9,6 +9,7 @@ from virtlab.environments._base import (
     CommandResult,
     Environment,
     EnvironmentError_,
+    EnvironmentLost,
     EnvironmentOptions,
     register_environment,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "CommandResult",
     "Environment",
     "EnvironmentError_",
+    "EnvironmentLost",
     "EnvironmentOptions",
     "register_environment",
 ]

@@ -191,6 +191,11 @@ class EnvironmentError_(RuntimeError):
         self.log = log
 
 
+class EnvironmentLost(EnvironmentError_):
+    """The environment can run nothing more (a guest whose disk stopped answering): the study
+    stores the failure, marks the environment failed and runs none of its remaining trials."""
+
+
 def _ignore(_what: object) -> None:
     return None
 

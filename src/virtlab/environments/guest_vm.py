@@ -45,6 +45,7 @@ from virtlab.environments._base import (
     CommandResult,
     Environment,
     EnvironmentError_,
+    EnvironmentLost,
     EnvironmentOptions,
     HostScope,
 )
@@ -83,6 +84,11 @@ _REAP_WAIT_S = 1.0
 """How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 _EXEC_POLL_MAX_S = 0.1
 _KILL_GRACE_S = 10.0
+HUNG_TASK = "blocked for more than"
+"""What the guest kernel's hung-task detector prints of a task stuck in uninterruptible sleep (a
+disk request that never completes): ``INFO: task jbd2/vda-8:107 blocked for more than 15 seconds``."""
+_HUNG_TASK_CHECK_S = 5
+"""How often the guest's detector looks (its sysctl hung_task_check_interval_secs)."""
 
 
 class VmOptions(EnvironmentOptions):
@@ -102,6 +108,12 @@ class VmOptions(EnvironmentOptions):
     )
     disk_cache: Literal["none", "writeback", "writethrough", "directsync", "unsafe"] = Field(
         default="none", description="QEMU cache mode of the disks (none = O_DIRECT on the host)"
+    )
+    disk_aio: Literal["threads", "native", "io_uring"] = Field(
+        default="threads",
+        description="how QEMU submits the disks' I/O on the host (-drive aio=): threads = a pool of "
+        "threads doing preadv/pwritev (QEMU's default); native = Linux AIO (needs O_DIRECT: "
+        'disk_cache "none" or "directsync"); io_uring',
     )
     image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
     preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
@@ -144,6 +156,13 @@ class VmOptions(EnvironmentOptions):
         default="cloud-amd64", description='Debian kernel flavour of the guest ("amd64" has e1000 and ahci)'
     )
     boot_timeout_s: float = Field(default=120.0, gt=0, description="process start to first command answered")
+    hung_task_s: int = Field(
+        default=15,
+        ge=0,
+        le=3600,
+        description="the guest kernel reports a task blocked this long (a disk that stopped answering) "
+        "on its console, and the trial fails at once with that line; 0: the kernel's default (120 s)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> VmOptions:
@@ -168,6 +187,12 @@ class VmOptions(EnvironmentOptions):
         for arg in self.kernel_args:
             if not arg or any(c.isspace() for c in arg):
                 raise ValueError(f"kernel_args: {arg!r} is not one kernel argument (no blanks inside)")
+        if self.disk_aio == "native" and self.disk_cache not in ("none", "directsync"):
+            raise ValueError(
+                f'disk_aio = "native" (Linux AIO) needs O_DIRECT on the host, which disk_cache = '
+                f'"{self.disk_cache}" does not use: set disk_cache = "none" or "directsync", or '
+                'disk_aio = "threads" or "io_uring"'
+            )
         if self.network == "bridge" and self.nic == "none":
             raise ValueError('network = "bridge" needs a NIC: nic = "virtio-net" or "e1000"')
         if self.network == "user" and self.mtu != vnet.DEFAULT_MTU:
@@ -200,6 +225,13 @@ def kernel_cmdline(
 ) -> str:
     """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address."""
     extra = list(options.kernel_args)
+    if options.hung_task_s:
+        # Sooner than the kernel's 120 s, so that a guest whose disk stopped answering says so
+        # within a trial's patience (a hung trial is failed on this line: _hang_watch).
+        extra[:0] = [
+            f"sysctl.kernel.hung_task_timeout_secs={options.hung_task_s}",
+            f"sysctl.kernel.hung_task_check_interval_secs={min(_HUNG_TASK_CHECK_S, options.hung_task_s)}",
+        ]
     if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
         # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
         # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
@@ -358,6 +390,9 @@ class GuestVmEnvironment(Environment):
         self.boot_s: float | None = None
         self._facts: dict[str, Any] = {}
         self._details: dict[str, Any] = {}
+        self._hung: str | None = None
+        """The console's hung-task line once the guest said one of its tasks hangs (its disk
+        stopped answering): every later command fails at once on it."""
         # One request at a time on the agent's socket: a background command's status may be asked
         # while another thread waits for a command (network workloads run peers at once).
         self._agent_lock = threading.RLock()
@@ -526,7 +561,7 @@ class GuestVmEnvironment(Environment):
             "storage": {
                 "bus": self.options.disk_bus,
                 "cache": self.options.disk_cache,
-                "aio": "threads",
+                "aio": self.options.disk_aio,
                 "format": self.options.image_format,
                 "preallocate": self.options.preallocate,
                 "root_sysfs": facts.get("root_sysfs"),
@@ -655,34 +690,46 @@ class GuestVmEnvironment(Environment):
     def _guest_exec(self, argv: list[str], timeout_s: float) -> CommandResult:
         agent = self._require_agent()
         started = time.monotonic()
+        watch = self._hang_watch(self._console_size())
         request = {"path": argv[0], "arg": argv[1:], "capture-output": True}
         try:
-            pid = self._execute(agent, "guest-exec", request)["pid"]
+            pid = self._execute(agent, "guest-exec", request, watch=watch)["pid"]
         except GuestAgentError as error:
             if error.error_class is None:  # the agent went away, rather than refusing the command
                 raise self._agent_lost(error) from error
             # What a shell says of a program it cannot start, with its status.
             return CommandResult(tuple(argv), 127, "", f"{error}\n", time.monotonic() - started)
         try:
-            status, timed_out = self._wait_exec(agent, pid, started + timeout_s)
+            status, timed_out = self._wait_exec(agent, pid, started + timeout_s, watch)
         except GuestAgentError as error:
             raise self._agent_lost(error) from error
         return _exec_result(argv, status, time.monotonic() - started, timed_out)
 
     def _execute(
-        self, agent: GuestAgent, command: str, arguments: dict[str, Any], timeout: float = 30
+        self,
+        agent: GuestAgent,
+        command: str,
+        arguments: dict[str, Any],
+        timeout: float = 30,
+        watch: Callable[[], None] | None = None,
     ) -> Any:
         """``agent.execute``, one request at a time."""
         with self._agent_lock:
-            return agent.execute(command, arguments, timeout=timeout)
+            if watch is None:
+                return agent.execute(command, arguments, timeout=timeout)
+            return agent.execute(command, arguments, timeout=timeout, watch=watch)
 
-    def _wait_exec(self, agent: GuestAgent, pid: int, deadline: float) -> tuple[dict[str, Any], bool]:
+    def _wait_exec(
+        self, agent: GuestAgent, pid: int, deadline: float, watch: Callable[[], None] | None = None
+    ) -> tuple[dict[str, Any], bool]:
         # Short commands are polled closely (a poll costs the guest about a millisecond), long ones
         # at most every _EXEC_POLL_MAX_S.
         started, interval = time.monotonic(), 0.002
         while True:
             left = deadline - time.monotonic()
-            status = self._execute(agent, "guest-exec-status", {"pid": pid}, timeout=max(30.0, left))
+            status = self._execute(
+                agent, "guest-exec-status", {"pid": pid}, timeout=max(30.0, left), watch=watch
+            )
             if status.get("exited"):
                 return status, False
             if time.monotonic() >= deadline:
@@ -712,7 +759,30 @@ class GuestVmEnvironment(Environment):
             )
         return EnvironmentError_(f"VM {self.name}: {error}", self._failure_log())
 
+    def _hang_watch(self, offset: int) -> Callable[[], None]:
+        """A guest-agent ``watch`` that raises EnvironmentLost once the console, read from byte
+        ``offset`` on, shows a hung task: the command's answer would never come, and neither
+        would any later command's (each waits on the same disk)."""
+        lines = _ConsoleLines(self.workdir / CONSOLE_LOG, offset)
+
+        def watch() -> None:
+            if self._hung is None:
+                self._hung = lines.first_with(HUNG_TASK)
+            if self._hung is not None:
+                raise self._lost()
+
+        return watch
+
+    def _lost(self) -> EnvironmentLost:
+        assert self._hung is not None
+        return EnvironmentLost(
+            f"{self.label}: a guest task hangs, its disk stopped answering: {self._hung}",
+            self._failure_log(),
+        )
+
     def _check_running(self) -> None:
+        if self._hung is not None:
+            raise self._lost()
         if not self._qemu_alive():
             raise EnvironmentError_(
                 f"VM {self.name}: QEMU is no longer running ({self._exit_status()})", self._failure_log()
@@ -787,6 +857,29 @@ class GuestVmEnvironment(Environment):
 
     def _await_exit(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for QEMU's end where that can be waited for."""
+        return None
+
+
+class _ConsoleLines:
+    """The whole lines a console file gains from an offset on, read as it grows."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self._path, self._offset, self._partial = path, offset, b""
+
+    def first_with(self, text: str) -> str | None:
+        """The first new whole line containing ``text`` (stripped), or None."""
+        try:
+            with open(self._path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except OSError:
+            return None
+        self._offset += len(chunk)
+        *complete, self._partial = (self._partial + chunk).split(b"\n")
+        needle = text.encode()
+        for line in complete:
+            if needle in line:
+                return line.decode(errors="replace").strip()
         return None
 
 

@@ -56,7 +56,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,7 +333,7 @@ def _disks(devices: ET.Element, options: VmOptions, files: DomainFiles) -> None:
         sources.append(("block", "raw", options.block_device))
     for (kind, fmt, path), target in zip(sources, targets, strict=True):
         disk = _sub(devices, "disk", type=kind, device="disk")
-        _sub(disk, "driver", name="qemu", type=fmt, cache=options.disk_cache, io="threads")
+        _sub(disk, "driver", name="qemu", type=fmt, cache=options.disk_cache, io=options.disk_aio)
         _sub(disk, "source", **({"file": path} if kind == "file" else {"dev": path}))
         _sub(disk, "target", dev=target["dev"], bus=target["bus"])
         if "unit" in target:
@@ -785,7 +785,17 @@ class DomainAgent:
             return False
         return True
 
-    def execute(self, command: str, arguments: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    def execute(
+        self,
+        command: str,
+        arguments: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+        watch: Callable[[], None] | None = None,
+    ) -> Any:
+        """As ``qmp.GuestAgent.execute``, but libvirt's call cannot be interrupted: ``watch`` is
+        called once, before the request."""
+        if watch is not None:
+            watch()
         libvirt = _libvirt()
         request: dict[str, Any] = {"execute": command}
         if arguments:

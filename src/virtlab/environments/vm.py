@@ -130,6 +130,11 @@ def _disk_devices(options: VmOptions, drive: str, index: int) -> list[str]:
     return ["-device", f"ide-hd,drive={drive},bus=ide.{index}"]
 
 
+def _drive_io(options: VmOptions) -> str:
+    """A -drive's cache and aio options: how the host does the guest's disk I/O (the manifest's storage)."""
+    return f"cache={options.disk_cache},aio={options.disk_aio}"
+
+
 def qemu_argv(
     options: VmOptions,
     *,
@@ -183,11 +188,11 @@ def qemu_argv(
     for index, (path, fmt) in enumerate(disks):
         drive = f"disk{index}"
         escaped = str(path).replace(",", ",,")  # QEMU's option syntax doubles a comma in a value
-        argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},cache={options.disk_cache}"]
+        argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},{_drive_io(options)}"]
         argv += _disk_devices(options, drive, index)
     if datastore is not None:
         escaped = datastore.replace(",", ",,")
-        drive = f"file={escaped},format=raw,if=none,id=datastore,cache={options.disk_cache}"
+        drive = f"file={escaped},format=raw,if=none,id=datastore,{_drive_io(options)}"
         device = f"virtio-blk-pci,drive=datastore,id=datastore-dev,serial={DATASTORE_SERIAL}"
         argv += ["-drive", drive, "-device", device]
     if options.nic != "none":
@@ -647,3 +652,9 @@ class VmEnvironment(GuestVmEnvironment):
     @property
     def qemu_pid(self) -> int | None:
         return self._qemu.pid if self._qemu is not None and self._qemu.alive() else None
+
+    def qmp(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        """A QMP command to this VM's QEMU (a fault injected on purpose: a disk throttled to a halt)."""
+        if self._qemu is None or not self._qemu.alive():
+            raise EnvironmentError_(f"VM {self.name} is not running")
+        return self._qemu.qmp.execute(command, arguments)

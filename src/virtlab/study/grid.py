@@ -467,7 +467,10 @@ class GridStudy(Study):
             self.progress.trial(task.environment, task.workload, self._label(task))
 
     def _skipped(self, task: Task) -> bool:
-        """A cell that failed (or cannot be measured here) is not tried again in this study."""
+        """A cell that failed (or cannot be measured here) is not tried again in this study, nor
+        any cell of an environment lost on the way (a guest whose disk hangs)."""
+        if task.environment in self.outcome.failed_environments:
+            return True
         return task.cell in self.outcome.failed_cells | self.outcome.unavailable_cells
 
     def _label(self, task: Task) -> str:
@@ -543,6 +546,8 @@ class GridStudy(Study):
             self.store.add_failure(FailureRecord(*where, str(result), result.log, time.time()))
             word = "NOT MEASURED" if unavailable else "FAILED"
             self.progress.note(f"{word} {task.workload} @ {task.environment} ({task.label}): {result}")
+            if result.environment_lost:
+                self._environment_lost(task, result)
         self.progress.remaining(self._time_left())
         self.progress.advance()
 
@@ -557,7 +562,25 @@ class GridStudy(Study):
 
     def _time_left(self) -> float | None:
         skipped = self.outcome.failed_cells | self.outcome.unavailable_cells
-        return remaining_s(self._left, self._durations, skipped)
+        lost = {task.cell for task in self._left if task.environment in self.outcome.failed_environments}
+        return remaining_s(self._left, self._durations, skipped | lost)
+
+    def _environment_lost(self, task: Task, failure: TrialFailure) -> None:
+        """An environment that can run nothing more (its guest's disk hangs) is marked failed, with
+        the trial's cause; none of its remaining trials is run into the same wall (each would wait
+        out its timeout), and the report names the cause in each of its missing cells."""
+        if task.environment in self.outcome.failed_environments:
+            return
+        self.outcome.failed_environments.add(task.environment)
+        spec = next(spec for spec in self.plan.environments if spec.name == task.environment)
+        reason = (
+            f"{failure} (during {task.workload}, {task.label}); the environment is marked failed: "
+            "its remaining trials were not run"
+        )
+        manifest = self._manifests.get(task.environment)
+        options = spec.describe()["options"]
+        self.store.put_environment(spec.name, spec.kind, options, "failed", manifest, reason)
+        self.progress.note(f"{task.environment} MARKED FAILED: its remaining trials are not run")
 
     @contextmanager
     def _power_plan(self, name: str) -> Iterator[PowerPlanTrial]:

@@ -11,7 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from virtlab.environments import Environment, EnvironmentError_
+from virtlab.environments import Environment, EnvironmentError_, EnvironmentLost
 from virtlab.environments.abilities import MemoryLimit, SerialConsole, find
 from virtlab.samples import ParseError, Sample
 from virtlab.study.outcome import TrialFailure
@@ -40,7 +40,7 @@ def measure_inside(environment: Environment, workload: Workload) -> list[Sample]
     try:
         result = environment.run(argv, workload.timeout_s)
     except (EnvironmentError_, OSError) as error:
-        raise TrialFailure(f"environment error: {error}", error_log(error)) from None
+        raise environment_failure("environment error", error) from None
     killed = (limit.oom_kills() or 0) - kills_before if limit is not None and kills_before is not None else 0
     if limit is not None and killed > 0:
         raise TrialFailure(
@@ -72,7 +72,7 @@ def stage(environment: Environment, workload: Workload) -> None:
             try:
                 environment.copy_in(archive, name)
             except (EnvironmentError_, OSError) as error:
-                raise TrialFailure(f"copying the files in: {error}", error_log(error), PREPARE) from None
+                raise environment_failure("copying the files in", error, PREPARE) from None
         unpack = [
             "sh",
             "-c",
@@ -91,7 +91,7 @@ def before_trial(environment: Environment, workload: Workload) -> None:
         try:
             result = environment.run(argv, STEP_TIMEOUT_S)
         except (EnvironmentError_, OSError) as error:
-            raise TrialFailure(f"before the trial: environment error: {error}", error_log(error)) from None
+            raise environment_failure("before the trial: environment error", error) from None
         if not result.ok:
             raise TrialFailure(f"before the trial: {argv[0]}: {result.status()}", result.log())
 
@@ -100,7 +100,7 @@ def _step(environment: Environment, argv: list[str], what: str) -> None:
     try:
         result = environment.run(argv, STEP_TIMEOUT_S)
     except (EnvironmentError_, OSError) as error:
-        raise TrialFailure(f"{what}: environment error: {error}", error_log(error), PREPARE) from None
+        raise environment_failure(f"{what}: environment error", error, PREPARE) from None
     if not result.ok:
         raise TrialFailure(f"{what}: {argv[0]}: {result.status()}", result.log(), PREPARE)
 
@@ -125,6 +125,13 @@ def tar_of(files: dict[str, Path | bytes]) -> bytes:
             else:
                 archive.add(str(source), arcname=name, filter=anonymous)
     return buffer.getvalue()
+
+
+def environment_failure(what: str, error: BaseException, phase: str = "run") -> TrialFailure:
+    """An environment's error during a trial or its steps as the trial's failure; a lost
+    environment (a guest whose disk hangs) says so, so that none of its other trials is run."""
+    lost = isinstance(error, EnvironmentLost)
+    return TrialFailure(f"{what}: {error}", error_log(error), phase, environment_lost=lost)
 
 
 def error_log(error: BaseException) -> str:

@@ -16,10 +16,12 @@ for (``PeerWorkload.unavailable``); the report gives its reason for the missing 
 class TrialFailure(Exception):
     """One trial (or run) failed: its message, the log to store with it, and the phase it failed in."""
 
-    def __init__(self, error: str, log: str, phase: str = "run") -> None:
+    def __init__(self, error: str, log: str, phase: str = "run", environment_lost: bool = False) -> None:
         super().__init__(error)
         self.log = log
         self.phase = phase
+        self.environment_lost = environment_lost
+        """The environment can run nothing more (``EnvironmentLost``): its other trials are not run."""
 
 
 @dataclass

@@ -22,7 +22,7 @@ from virtlab import ports
 from virtlab.environments import CommandResult, Environment, EnvironmentError_
 from virtlab.environments._base import BackgroundCommand
 from virtlab.samples import ParseError, Sample
-from virtlab.study.measure import error_log
+from virtlab.study.measure import environment_failure, error_log
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.workloads._peer import LOOPBACK, Link, PeerWorkload, Role, ServerPlace, combine
 
@@ -130,7 +130,7 @@ class CellServers:
             with ThreadPoolExecutor(max_workers=len(self.links)) as pool:
                 return list(pool.map(client, self.links))
         except (EnvironmentError_, OSError, NotImplementedError) as error:
-            raise TrialFailure(f"environment error: {error}", error_log(error)) from None
+            raise environment_failure("environment error", error) from None
 
     def measure(self) -> list[Sample]:
         """One trial against the servers started before it, which keep running when it succeeds;
