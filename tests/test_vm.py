@@ -33,7 +33,11 @@ from virtlab.environments.vm import (
 )
 from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER
 from virtlab.qmp import Qmp, QmpError, SocketPath
+from virtlab.study.measure import measure_inside
+from virtlab.study.outcome import TrialFailure
 from virtlab.workloads import WORKLOADS
+from virtlab.workloads.command import Command
+from virtlab.workloads.command.params import CommandParams
 
 FILES = VmFiles(kernel="/img/vmlinuz", initrd="/img/initrd.img", disk="disk.qcow2")
 
@@ -284,6 +288,22 @@ def test_exit_status_stderr_and_a_missing_program(vm):
     assert not result.timed_out and not result.ok
     missing = vm.run(["/no/such/program"], timeout_s=30)
     assert missing.exit_code == 127 and "/no/such/program" in missing.stderr
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_trial_the_guests_oom_killer_ends_fails_naming_memory_mb(vm):
+    """1,400 MiB held by tail in a 1,024 MiB guest: the guest kernel's OOM killer ends it, says so
+    on the console, and the trial fails in phase oom naming the kill and the VM's memory_mb; the VM
+    stays usable."""
+    params = CommandParams.model_validate(
+        {"argv": ["sh", "-c", "head -c 1400M /dev/zero | tail"]}, context={"directory": Path(".")}
+    )
+    with pytest.raises(TrialFailure) as caught:
+        measure_inside(vm, Command(params))
+    assert caught.value.phase == "oom", caught.value
+    assert "OOM killer" in str(caught.value) and "memory_mb = 1024 of shared" in str(caught.value)
+    assert vm.run(["true"], 60).ok
 
 
 @needs_root

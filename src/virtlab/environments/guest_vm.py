@@ -54,6 +54,7 @@ from virtlab.environments.abilities import (
     BridgeNetwork,
     ConsoleLog,
     GuestBoot,
+    MemoryLimit,
     SerialConsole,
     VcpuProcess,
     VirtualCpus,
@@ -202,6 +203,18 @@ class VmOptions(EnvironmentOptions):
     def abilities(self) -> tuple[Ability, ...]:
         bridge = (BridgeNetwork(),) if self.network == "bridge" else ()
         return (VirtualCpus(self.vcpus, self.pin), GuestBoot(self.boot_timeout_s), SerialConsole(), *bridge)
+
+
+OOM_KILL = "Out of memory: Killed process"
+"""What the guest kernel's OOM killer prints of each process it kills."""
+
+
+def console_oom_kills(console: Path) -> int | None:
+    """How many OOM kills the guest's console has said so far; None before it has a console."""
+    try:
+        return console.read_bytes().count(OOM_KILL.encode())
+    except OSError:
+        return None
 
 
 def cpu_model(options: VmOptions, accelerator: str) -> str:
@@ -399,7 +412,11 @@ class GuestVmEnvironment(Environment):
 
     def abilities(self) -> tuple[Ability, ...]:
         process = VcpuProcess(lambda: self.qemu_pid, lambda: self.vcpu_threads)
-        return (*super().abilities(), process, ConsoleLog(self.workdir / CONSOLE_LOG))
+        console = self.workdir / CONSOLE_LOG
+        # The guest kernel's OOM killer says each kill on the console (KERN_ERR, shown under
+        # "quiet"), so a trial that outgrew memory_mb is told from the host, with no guest command.
+        limit = MemoryLimit(self.options.memory_mb, lambda: console_oom_kills(console))
+        return (*super().abilities(), process, ConsoleLog(console), limit)
 
     @property
     def label(self) -> str:
