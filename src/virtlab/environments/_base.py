@@ -254,6 +254,16 @@ class Environment(ABC):
         guest image not built yet): the trial finds out."""
         return None
 
+    def data_directory(self) -> str | None:
+        """Where a storage workload's relative directory is, when this environment has a disk of
+        its own for what is measured (a VM's data disk); None: in its working directory."""
+        return None
+
+    def measured_disk(self, directory: str) -> str | None:
+        """Which of this environment's disks holds ``directory`` ("data", "system"), or None where
+        it has only one."""
+        return None
+
     @classmethod
     def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
         """What of this environment runs on this host as virtlab's own, where a plan's controls

@@ -59,14 +59,18 @@ from virtlab.environments.abilities import (
 )
 from virtlab.environments.container import built_image, guest_tool_problems
 from virtlab.image import (
+    DATA_LABEL,
     GUEST_BIN,
+    READY_MARKER,
     GuestImage,
     ImageError,
     ImageSpec,
     default_size_mb,
     guest_cmdline,
     kernel_files,
+    make_data_disk,
     make_disk,
+    make_overlay,
 )
 from virtlab.qemu import wait_for_agent
 from virtlab.qmp import GuestAgent, GuestAgentError
@@ -82,6 +86,13 @@ CONSOLE_LOG = "console.log"
 _REAP_WAIT_S = 1.0
 """How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 _EXEC_POLL_MAX_S = 0.1
+DATA_MOUNT = "/mnt/virtlab-data"
+"""Where a VM with a data disk mounts it: a storage workload's relative directory is there."""
+# Mounted by its label: the bus decides whether the guest names it vdb, sdb or sda.
+_MOUNT_DATA = r"""
+dev=$(findfs "LABEL=$1") || { echo "no disk labelled $1" >&2; exit 3; }
+mkdir -p "$2" && mount -t ext4 "$dev" "$2" && echo "$dev"
+"""
 _KILL_GRACE_S = 10.0
 
 
@@ -103,10 +114,14 @@ class VmOptions(EnvironmentOptions):
     disk_cache: Literal["none", "writeback", "writethrough", "directsync", "unsafe"] = Field(
         default="none", description="QEMU cache mode of the disks (none = O_DIRECT on the host)"
     )
-    image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
+    image_format: Literal["raw", "qcow2"] = Field(
+        default="raw", description="format of the measured disk (vm: the data disk; libvirt: the root disk)"
+    )
     preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
     disk_size_mb: int | None = Field(
-        default=None, ge=256, description="root disk size; default the tree + 1 GiB"
+        default=None,
+        ge=256,
+        description="size of the root disk (and the data disk); default the tree + 1 GiB",
     )
     block_device: str | None = Field(
         default=None, description="host block device passed through as the second disk"
@@ -261,6 +276,8 @@ for dev in /sys/class/net/*; do
     driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
 done
 echo "cmdline=$(cat /proc/cmdline)"
+run_init='s/^\[ *\([0-9.]*\)\] Run .* as init process.*/\1/p'
+echo "init_run_s=$(dmesg 2>/dev/null | sed -n "$run_init" | head -n 1)"
 """
 
 
@@ -345,6 +362,9 @@ class GuestVmEnvironment(Environment):
     host_tools = {QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"}
     agent_poll_s: ClassVar[float] = 0.0
     """Pause between two boot-time syncs when the agent said "not yet" at once (libvirt's does)."""
+    data_disk: ClassVar[bool] = False
+    """Whether the system disk is an overlay of the cached base and storage workloads measure a
+    data disk of the plan's format (``_make_system_disk``); else they measure a copy of the base."""
 
     options: VmOptions
 
@@ -352,6 +372,14 @@ class GuestVmEnvironment(Environment):
         super().__init__(name, options, Path(workdir).resolve())
         self._agent: Any = None
         self._disk: Path | None = None
+        self._data: Path | None = None
+        self._data_mount: str | None = None
+        self._data_size_mb: int | None = None
+        self.disk_s: float | None = None
+        self.boot_phases: dict[str, float] = {}
+        """Seconds from QEMU's start to each boot phase (``boot_phases``), as far as measured."""
+        self._cont_s: float | None = None
+        self._first_uptime: tuple[float, float] | None = None
         self._started = 0.0
         self.accelerator: str | None = None
         self.accelerator_reason = ""
@@ -424,6 +452,8 @@ class GuestVmEnvironment(Environment):
         # At most the disk less the tree (ext4's own blocks take some more): a file that does not
         # fit in this cannot fit in the guest.
         size_mb = options.disk_size_mb or default_size_mb(image)
+        if cls.data_disk and not directory.startswith("/"):
+            return size_mb * 95 // 100  # an empty ext4 keeps about 5% for itself (reserved blocks aside)
         return max(0, size_mb - -(-image.size_bytes // 2**20))
 
     @classmethod
@@ -524,6 +554,7 @@ class GuestVmEnvironment(Environment):
                 "mtu": self.options.mtu if self.options.network == "bridge" else None,
             },
             "storage": {
+                **self._disk_manifest(),
                 "bus": self.options.disk_bus,
                 "cache": self.options.disk_cache,
                 "aio": "threads",
@@ -539,11 +570,21 @@ class GuestVmEnvironment(Environment):
         }
 
     def environment_samples(self) -> list[Sample]:
-        """Figures of the environment itself (not of a workload): set-up and boot time."""
+        """Figures of the environment itself (not of a workload): set-up, disk and boot time, and
+        the boot's phases (each from QEMU's start)."""
         if self.boot_s is None:
             return super().environment_samples()
         metadata = {"accelerator": self.accelerator, "machine": self.options.machine}
-        return [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+        samples = [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+        if self.disk_s is not None:
+            samples.append(
+                Sample("disk_s", self.disk_s, "s", "lower", {"what": "system overlay and data disk"})
+            )
+        phases = {**metadata, "from": "QEMU's start"}
+        for phase, seconds in self.boot_phases.items():
+            if phase != "agent_answering":  # that is boot_s
+                samples.append(Sample(f"boot_{phase}_s", seconds, "s", "lower", phases))
+        return samples
 
     # -- provisioning steps --------------------------------------------------------------
     def _provision_guest(
@@ -624,6 +665,62 @@ class GuestVmEnvironment(Environment):
         except (ImageError, ValueError) as error:
             raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
 
+    def _make_system_disk(self, image: GuestImage, kernels: KernelBuild) -> Path:
+        """A qcow2 overlay on the cached base (its read-only backing file), and the empty data disk
+        of the plan's format that the storage workloads measure."""
+        started = time.monotonic()
+        self._data_size_mb = self.options.disk_size_mb or default_size_mb(image)
+        try:
+            system = make_overlay(
+                image, self.workdir / "system.qcow2", size_mb=self.options.disk_size_mb,
+                extra_files=kernel_files(kernels.bin_dir),
+            )  # fmt: skip
+            self._disk = system
+            self._data = make_data_disk(
+                image, self.workdir / f"data.{self.options.image_format}", format=self.options.image_format,
+                preallocate=self.options.preallocate, size_mb=self._data_size_mb,
+            )  # fmt: skip
+        except (ImageError, ValueError) as error:
+            raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
+        self.disk_s = round(time.monotonic() - started, 3)
+        return system
+
+    def _mount_data_disk(self) -> None:
+        if self._data is None:
+            return
+        made = self._guest_exec(["sh", "-c", _MOUNT_DATA, "mount-data", DATA_LABEL, DATA_MOUNT], timeout_s=60)
+        if not made.ok:
+            raise EnvironmentError_(f"{self.label}: the data disk could not be mounted: {made.log()}")
+        self._data_mount = DATA_MOUNT
+        self._details["data_disk_device"] = made.stdout.strip()
+
+    def _disk_manifest(self) -> dict[str, Any]:
+        """Which disk the storage workloads measure, and what the system disk is."""
+        if self._data is None:
+            return {"measured_disk": "system", "system_disk": "a copy of the image's disk, in image_format"}
+        return {
+            "measured_disk": "data",
+            "data_disk": {
+                "image": str(self._data), "format": self.options.image_format,
+                "allocation": "fixed" if self.options.preallocate else "dynamic",
+                "size_mb": self._data_size_mb, "bus": self.options.disk_bus,
+                "guest_device": self._details.get("data_disk_device"), "mount": self._data_mount,
+            },
+            "system_disk": "a qcow2 overlay of the image's cached raw disk (its read-only backing file)",
+        }  # fmt: skip
+
+    def data_directory(self) -> str | None:
+        return self._data_mount
+
+    def measured_disk(self, directory: str) -> str | None:
+        if self._data is None:
+            return None
+        if self._data_mount and (directory + "/").startswith(self._data_mount + "/"):
+            return "data"
+        if (directory + "/").startswith(self._nfs_mount_point() + "/"):
+            return "nfs"
+        return "system"
+
     def _boot(self) -> None:
         deadline = self._started + self.options.boot_timeout_s
         self._agent = self._new_agent()
@@ -635,13 +732,24 @@ class GuestVmEnvironment(Environment):
                 f"{self.label}: no answer from the guest agent within "
                 f"boot_timeout_s={self.options.boot_timeout_s:g} s"
             )
-        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
+        # The first command reads the guest's clock: when it was sent, the guest had been up that long.
+        sent = time.monotonic()
+        first = self._guest_exec(["cat", "/proc/uptime"], timeout_s=max(10.0, deadline - time.monotonic()))
         if not first.ok:
             raise EnvironmentError_(f"{self.label}: the first command failed: {first.log()}")
         self.boot_s = round(time.monotonic() - self._started, 3)
+        try:
+            self._first_uptime = (sent - self._started, float(first.stdout.split()[0]))
+        except (IndexError, ValueError):
+            self._first_uptime = None
 
     def _read_facts(self) -> None:
         self._facts = self._collect_facts()
+        ready = _ready_uptime(self._console_since(0, 200_000))
+        self.boot_phases = boot_phases(
+            self._cont_s, self._first_uptime, _float(self._facts.get("init_run_s")), ready, self.boot_s
+        )
+        self._details["boot_phases_s"] = dict(self.boot_phases)
 
     def _collect_facts(self) -> dict[str, str]:
         result = self._guest_exec(
@@ -787,6 +895,57 @@ class GuestVmEnvironment(Environment):
 
     def _await_exit(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for QEMU's end where that can be waited for."""
+        return None
+
+
+BOOT_PHASES = ("qemu_started", "kernel_entered", "init_started", "agent_started", "agent_answering")
+"""The boot's phases as Kata's boot metrics name them: QEMU up and its guest let run (QMP ``cont``),
+the guest kernel entered, the initramfs's init run, the guest agent started, its first answer."""
+
+
+def boot_phases(
+    cont_s: float | None,
+    first_uptime: tuple[float, float] | None,
+    init_run_s: float | None,
+    ready_uptime_s: float | None,
+    boot_s: float | None,
+) -> dict[str, float]:
+    """Seconds from QEMU's start to each phase of ``BOOT_PHASES`` that could be measured.
+
+    ``first_uptime``: (host seconds since QEMU's start when the first command was sent, the guest's
+    uptime it printed); the guest's clock began when its kernel did, so the kernel was entered that
+    uptime before. ``init_run_s`` and ``ready_uptime_s`` are guest uptimes: the kernel's "Run /init"
+    (dmesg) and guest init's ready line, printed once the agent is started.
+    """
+    phases: dict[str, float] = {}
+    if cont_s is not None:
+        phases["qemu_started"] = round(cont_s, 3)
+    if first_uptime is not None:
+        sent_s, uptime_s = first_uptime
+        kernel = max(sent_s - uptime_s, cont_s or 0.0)
+        phases["kernel_entered"] = round(kernel, 3)
+        for phase, since_kernel in (("init_started", init_run_s), ("agent_started", ready_uptime_s)):
+            if since_kernel is not None and since_kernel <= uptime_s:
+                phases[phase] = round(kernel + since_kernel, 3)
+    if boot_s is not None:
+        phases["agent_answering"] = boot_s
+    return phases
+
+
+def _ready_uptime(console: str) -> float | None:
+    """The guest uptime in guest init's ready line on the console, or None."""
+    for line in console.splitlines():
+        if READY_MARKER in line:
+            for token in line.split():
+                if token.startswith("uptime_s="):
+                    return _float(token.partition("=")[2])
+    return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
         return None
 
 
