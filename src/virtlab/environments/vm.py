@@ -66,7 +66,9 @@ from virtlab.environments.guest_vm import (
     guest_kernel_cflags,
     kernel_cmdline,
     numa_layout,
+    unneeded_modules,
 )
+from virtlab.image import pvh_kernel
 from virtlab.qemu import QEMU_LOG, QemuProcess, alive, start_ticks, tail
 from virtlab.qmp import GuestAgent, GuestAgentError, QmpError
 
@@ -383,14 +385,19 @@ class VmEnvironment(GuestVmEnvironment):
         datastore = self._make_datastore()
         tap, address = self._choose_port()
         try:
-            append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz(), ip=address)
+            append = kernel_cmdline(
+                self.options, self.accelerator, _host_tsc_khz(), ip=address,
+                skip_modules=unneeded_modules(self.options, image.manifest),
+            )  # fmt: skip
         except ValueError as error:  # a command line longer than the kernel takes
             self._stop()
             raise EnvironmentError_(f"VM {self.name}: {error}") from error
         assert self._data is not None
+        kernel, entry = pvh_kernel(image)
+        self._details["kernel_entry"] = entry
         files = VmFiles(
-            kernel=str(image.kernel), initrd=str(image.initrd), disk=self._disk.name, disk_format="qcow2",
-            data_disk=self._data.name,
+            kernel=str(kernel or image.kernel), initrd=str(image.initrd), disk=self._disk.name,
+            disk_format="qcow2", data_disk=self._data.name,
         )  # fmt: skip
         self._argv = qemu_argv(
             self.options, accelerator=self.accelerator, files=files, append=append, name=self.name,

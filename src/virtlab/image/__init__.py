@@ -31,6 +31,7 @@ from virtlab.image.guest import (
     install_kernels,
     kernel_files,
 )
+from virtlab.image.pvh import pvh_kernel
 
 __all__ = [
     "DEFAULT_DRIVERS",
@@ -57,5 +58,6 @@ __all__ = [
     "make_overlay",
     "missing_tools",
     "prune_images",
+    "pvh_kernel",
     "qemu_img_info",
 ]
