@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from virtlab.build import build_kernels
 from virtlab.environments.guest_vm import cpu_model
 from virtlab.environments.vm import QEMU, VmEnvironment, VmOptions
 from virtlab.image import ImageSpec, build_image, pvh_kernel, qemu_img_info
+from virtlab.study.base import raise_interrupt
 
 BEGIN, END = "<!-- provision:begin -->", "<!-- provision:end -->"
 BOOT_TARGET = 1.3  # the VM's boot at most this many times the bare kernel's
@@ -218,7 +220,8 @@ def boot_row(reference: str, boots: list[float], bare: list[float]) -> str:
     CI's bottom is above it (as boot_bench judges)."""
     mid, low, high, _ = paired_verdict(boots, bare, BOOT_TARGET)
     verdict = "met" if mid <= BOOT_TARGET else "not met" if low > BOOT_TARGET else "not shown"
-    return f"| VM boot / bare kernel ({reference}) at most {BOOT_TARGET} | {mid:.3f} [{low:.3f}, {high:.3f}] | {verdict} |"
+    label = f"VM boot / bare kernel ({reference}) at most {BOOT_TARGET}"
+    return f"| {label} | {mid:.3f} [{low:.3f}, {high:.3f}] | {verdict} |"
 
 
 def commit() -> str:
@@ -246,6 +249,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 2:
         sys.exit("provision_bench: --rounds must be at least 2 (the CI comes from the rounds' spread)")
+    # SIGTERM as Ctrl-C, so that a VM being measured is torn down.
+    signal.signal(signal.SIGTERM, raise_interrupt)
     write_part(BEGIN, END, section(args.rounds, args.before))
 
 

@@ -86,13 +86,10 @@ CONSOLE_LOG = "console.log"
 _REAP_WAIT_S = 1.0
 """How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 _EXEC_POLL_MAX_S = 0.1
-DATA_MOUNT = "/mnt/virtlab-data"
-"""Where a VM with a data disk mounts it: a storage workload's relative directory is there."""
-# Mounted by its label: the bus decides whether the guest names it vdb, sdb or sda.
-_MOUNT_DATA = r"""
-dev=$(findfs "LABEL=$1") || { echo "no disk labelled $1" >&2; exit 3; }
-mkdir -p "$2" && mount -t ext4 "$dev" "$2" && echo "$dev"
-"""
+DATA_MOUNT = "/mnt"
+"""Where a VM with a data disk mounts it (by its label: the bus decides whether the guest names it
+vdb or sdb), as a container's tested directory is its /mnt: a storage workload's relative
+directory is there."""
 _KILL_GRACE_S = 10.0
 
 
@@ -292,25 +289,54 @@ def _required_drivers(options: VmOptions) -> dict[str, str]:
     return drivers
 
 
+# The guest's description at the end of its provisioning, and its data disk mounted first ($2 its
+# label, $3 where; none when empty). Shell builtins where they do (read, case, cd -P), because every
+# program it starts is an exec, which under TCG on a loaded host costs up to a second.
 _FACTS_SCRIPT = r"""
 root=$1
-cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
-echo "cpu_model=$(cpu 'model name')"
-echo "cpu_flags=$(cpu flags)"
-echo "cores=$(nproc)"
-echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-echo "kernel=$(uname -r)"
-echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
-echo "numa_nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)"
-echo "steal_ticks=$(awk '/^cpu / {print $9}' /proc/stat)"
+if [ -n "$2" ]; then
+    mount -t ext4 "LABEL=$2" "$3" || { echo "no data disk (label $2) mounted at $3" >&2; exit 3; }
+    while read -r dev point rest; do
+        [ "$point" = "$3" ] && echo "data_device=$dev"
+    done < /proc/mounts
+fi
+cores=0
+while IFS=: read -r key value; do
+    case "$key" in
+        processor*) cores=$((cores + 1)) ;;
+        "model name"*) [ -n "${model+x}" ] || model=${value# } ;;
+        flags*) [ -n "${flags+x}" ] || flags=${value# } ;;
+    esac
+done < /proc/cpuinfo
+echo "cpu_model=$model"
+echo "cpu_flags=$flags"
+echo "cores=$cores"
+while read -r key value unit; do
+    [ "$key" = MemTotal: ] && echo "memory_kb=$value" && break
+done < /proc/meminfo
+read -r kernel < /proc/sys/kernel/osrelease
+echo "kernel=$kernel"
+read -r clocksource < /sys/devices/system/clocksource/clocksource0/current_clocksource
+echo "clocksource=$clocksource"
+set -- /sys/devices/system/node/node[0-9]*
+[ -e "$1" ] && echo "numa_nodes=$#" || echo "numa_nodes=0"
+read -r cpu user nice system idle iowait irq softirq steal rest < /proc/stat
+echo "steal_ticks=$steal"
 echo "clk_tck=$(getconf CLK_TCK)"
-echo "root_sysfs=$(readlink -f /sys/class/block/${root#/dev/})"
+cd -P "/sys/class/block/${root#/dev/}" 2>/dev/null && echo "root_sysfs=$(pwd -P)"
 for dev in /sys/class/net/*; do
-    driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
+    cd -P "$dev/device/driver" 2>/dev/null && echo "nic_driver=${PWD##*/}" && break
 done
-echo "cmdline=$(cat /proc/cmdline)"
-run_init='s/^\[ *\([0-9.]*\)\] Run .* as init process.*/\1/p'
-echo "init_run_s=$(dmesg 2>/dev/null | sed -n "$run_init" | head -n 1)"
+cd /
+read -r cmdline < /proc/cmdline
+echo "cmdline=$cmdline"
+dmesg > /run/virtlab/facts-dmesg 2>/dev/null
+while read -r line; do
+    case "$line" in
+        *"] Run "*" as init process"*) stamp=${line%%]*}; echo "init_run_s=${stamp##*[[ ]}"; break ;;
+    esac
+done < /run/virtlab/facts-dmesg
+rm -f /run/virtlab/facts-dmesg
 """
 
 
@@ -674,9 +700,7 @@ class GuestVmEnvironment(Environment):
         cflags = guest_kernel_cflags(
             kernels.cflags, self.accelerator, cpu_model(self.options, self.accelerator)
         )
-        guest = (
-            kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
-        )
+        guest = kernels if cflags == kernels.cflags else _portable_build(kernels, cflags)
         note = None
         if guest is not kernels:
             why = "TCG does not emulate all of" if self.accelerator == "tcg" else "the guest CPU model lacks"
@@ -718,15 +742,6 @@ class GuestVmEnvironment(Environment):
         self.disk_s = round(time.monotonic() - started, 3)
         return system
 
-    def _mount_data_disk(self) -> None:
-        if self._data is None:
-            return
-        made = self._guest_exec(["sh", "-c", _MOUNT_DATA, "mount-data", DATA_LABEL, DATA_MOUNT], timeout_s=60)
-        if not made.ok:
-            raise EnvironmentError_(f"{self.label}: the data disk could not be mounted: {made.log()}")
-        self._data_mount = DATA_MOUNT
-        self._details["data_disk_device"] = made.stdout.strip()
-
     def _disk_manifest(self) -> dict[str, Any]:
         """Which disk the storage workloads measure, and what the system disk is."""
         if self._data is None:
@@ -748,10 +763,11 @@ class GuestVmEnvironment(Environment):
     def measured_disk(self, directory: str) -> str | None:
         if self._data is None:
             return None
-        if self._data_mount and (directory + "/").startswith(self._data_mount + "/"):
-            return "data"
-        if (directory + "/").startswith(self._nfs_mount_point() + "/"):
+        inside = (directory.rstrip("/") + "/").startswith
+        if inside(self._nfs_mount_point() + "/"):  # under DATA_MOUNT, but another machine's disk
             return "nfs"
+        if self._data_mount and inside(self._data_mount.rstrip("/") + "/"):
+            return "data"
         return "system"
 
     def _boot(self) -> None:
@@ -777,7 +793,11 @@ class GuestVmEnvironment(Environment):
             self._first_uptime = None
 
     def _read_facts(self) -> None:
+        """The guest's description, and its data disk mounted (one command: each costs the boot)."""
         self._facts = self._collect_facts()
+        if self._data is not None:
+            self._data_mount = DATA_MOUNT
+            self._details["data_disk_device"] = self._facts.get("data_device")
         ready = _ready_uptime(self._console_since(0, 200_000))
         self.boot_phases = boot_phases(
             self._cont_s, self._first_uptime, _float(self._facts.get("init_run_s")), ready, self.boot_s
@@ -785,8 +805,9 @@ class GuestVmEnvironment(Environment):
         self._details["boot_phases_s"] = dict(self.boot_phases)
 
     def _collect_facts(self) -> dict[str, str]:
+        data = (DATA_LABEL, DATA_MOUNT) if self._data is not None else ("", "")
         result = self._guest_exec(
-            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options)], timeout_s=60
+            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options), *data], timeout_s=60
         )
         if not result.ok:
             raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")
@@ -980,6 +1001,19 @@ def _float(value: str | None) -> float | None:
         return float(value) if value else None
     except ValueError:
         return None
+
+
+_PORTABLE_BUILDS: dict[tuple[Path, tuple[str, ...]], KernelBuild] = {}
+"""This process's portable builds of a host build: asking build_kernels again probes the compiler
+and the JDK (seconds on a loaded host) only to find the same directory."""
+
+
+def _portable_build(kernels: KernelBuild, cflags: tuple[str, ...]) -> KernelBuild:
+    key = (kernels.bin_dir, cflags)
+    known = _PORTABLE_BUILDS.get(key)
+    if known is None or not all(known.path(name).exists() for name in known.kernels):
+        known = _PORTABLE_BUILDS[key] = build_kernels(cflags=cflags, compiler=kernels.compiler)
+    return known
 
 
 def _int(value: str | None, scale: int = 1) -> int | None:

@@ -79,6 +79,7 @@ from virtlab.environments.guest_vm import (
     cpu_model,
     kernel_cmdline,
     numa_layout,
+    unneeded_modules,
 )
 from virtlab.hosts.guests import guest_interface
 from virtlab.image import qemu_img_info
@@ -965,7 +966,8 @@ class LibvirtEnvironment(GuestVmEnvironment):
         try:
             # a bridged guest's static address (the image has no DHCP client): virtlab.ip
             address = self.options.guest_address if self.options.bridge is not None else None
-            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address)
+            skip = unneeded_modules(self.options, image.manifest)
+            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address, skip_modules=skip)
         except ValueError as error:  # a command line longer than the kernel takes
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
         self._disk = self._make_disk(image, guest_kernels)

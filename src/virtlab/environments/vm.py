@@ -4,7 +4,7 @@ The VM boots the shared guest image (``virtlab.image``): a Debian kernel and ini
 QEMU directly, and a private qcow2 overlay (``system.qcow2``) on the image's cached disk with the
 compiled kernels written into it. What storage workloads measure is a second, empty disk
 (``data.raw`` or ``data.qcow2``) of the plan's ``image_format``, ``preallocate``, ``disk_bus`` and
-size, mounted at ``DATA_MOUNT`` once the guest answers: the overlay's format is the system's, never
+size, mounted at ``DATA_MOUNT`` (/mnt) once the guest answers: the overlay's format is the system's, never
 the study's.
 The QEMU command line is built by a pure function of the options (``qemu_argv``), so what a plan
 asks for can be read and tested without starting anything.
@@ -404,7 +404,7 @@ class VmEnvironment(GuestVmEnvironment):
             tap=tap, mac=bridge_mac(address) if address else None, datastore=datastore,
         )  # fmt: skip
         self._provision_guest(
-            (self._start, self._boot, self._mount_data_disk, self._set_guest_mtu, self._read_facts),
+            (self._start, self._boot, self._set_guest_mtu, self._read_facts),
             (QmpError, GuestAgentError, OSError, vnet.NetworkError),
         )
 
