@@ -3,6 +3,8 @@ arguments that shorten it, and the disks on QEMU's command line (system overlay,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from virtlab.environments.guest_vm import (
@@ -126,3 +128,23 @@ def test_data_disk_on_the_plan_bus_before_a_passed_through_device():
     ]  # fmt: skip
     q35 = _values(_argv(disk_bus="ide", block_device="/dev/sdz"), "-device")
     assert "ide-hd,drive=disk2,bus=ide.2" in q35
+
+
+def test_storage_workloads_work_on_the_data_disk_others_where_they_are():
+    from virtlab.environments.guest_vm import DATA_MOUNT
+    from virtlab.environments.vm import VmEnvironment
+    from virtlab.study.measure import placed_directory
+    from virtlab.workloads import WORKLOADS
+
+    dd = WORKLOADS.get("dd")
+    assert VmEnvironment.data_mount == DATA_MOUNT == "/mnt"
+    assert placed_directory(DATA_MOUNT, dd.from_mapping({})) == "/mnt"
+    assert placed_directory(DATA_MOUNT, dd.from_mapping({"directory": "sub/dir"})) == "/mnt/sub/dir"
+    assert placed_directory(DATA_MOUNT, dd.from_mapping({"directory": "/var/tmp"})) == "/var/tmp"
+    assert placed_directory(None, dd.from_mapping({"directory": "sub"})) == "sub"  # no data disk
+    primes = WORKLOADS.get("primes").from_mapping({"n": 10})
+    assert placed_directory(DATA_MOUNT, primes) is None  # no directory at all
+    # before the VM exists: the data disk's room, not the system disk's
+    options = VmOptions(disk_size_mb=1024)
+    assert VmEnvironment.free_space_mb(options, "/mnt", Path("/nonexistent")) == 1024
+    assert VmEnvironment.free_space_mb(options, "/var/tmp", Path("/nonexistent")) < 1024  # less the tree

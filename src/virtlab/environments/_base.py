@@ -254,9 +254,12 @@ class Environment(ABC):
         guest image not built yet): the trial finds out."""
         return None
 
+    data_mount: ClassVar[str | None] = None
+    """Where this kind mounts a disk of its own for what storage workloads measure (a VM's data
+    disk), their relative directories taken there; None: they work in its working directory."""
+
     def data_directory(self) -> str | None:
-        """Where a storage workload's relative directory is, when this environment has a disk of
-        its own for what is measured (a VM's data disk); None: in its working directory."""
+        """``data_mount`` once this environment's data disk is mounted, else None."""
         return None
 
     def measured_disk(self, directory: str) -> str | None:

@@ -421,9 +421,6 @@ class GuestVmEnvironment(Environment):
     host_tools = {QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"}
     agent_poll_s: ClassVar[float] = 0.0
     """Pause between two boot-time syncs when the agent said "not yet" at once (libvirt's does)."""
-    data_disk: ClassVar[bool] = False
-    """Whether the system disk is an overlay of the cached base and storage workloads measure a
-    data disk of the plan's format (``_make_system_disk``); else they measure a copy of the base."""
 
     options: VmOptions
 
@@ -511,8 +508,8 @@ class GuestVmEnvironment(Environment):
         # At most the disk less the tree (ext4's own blocks take some more): a file that does not
         # fit in this cannot fit in the guest.
         size_mb = options.disk_size_mb or default_size_mb(image)
-        if cls.data_disk and not directory.startswith("/"):
-            return size_mb * 95 // 100  # an empty ext4 keeps about 5% for itself (reserved blocks aside)
+        if cls.data_mount is not None and (directory.rstrip("/") + "/").startswith(cls.data_mount + "/"):
+            return size_mb  # the empty data disk: at most all of it
         return max(0, size_mb - -(-image.size_bytes // 2**20))
 
     @classmethod

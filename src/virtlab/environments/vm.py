@@ -57,6 +57,7 @@ from virtlab.environments._base import EnvironmentError_, EnvironmentOptions, re
 from virtlab.environments._process import run_process
 from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
+    DATA_MOUNT,
     PORTABLE_MARCH,
     QEMU,
     GuestVmEnvironment,
@@ -360,7 +361,7 @@ def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
 class VmEnvironment(GuestVmEnvironment):
     kind = "vm"
     summary = "a QEMU VM (KVM when it really works, else TCG) driven over QMP, commands via the guest agent"
-    data_disk = True
+    data_mount = DATA_MOUNT
 
     def __init__(self, name: str, options: VmOptions, workdir: Path) -> None:
         super().__init__(name, options, workdir)

@@ -34,19 +34,22 @@ def trial_command(environment: Environment, workload: Workload) -> list[str]:
     return workload.command_in(environment.bin_dir, environment.options.offers(SerialConsole) is not None)
 
 
+def placed_directory(data_mount: str | None, workload: Workload) -> str | None:
+    """Where a storage workload works: its relative directory on an environment's data disk
+    (``data_mount``) when there is one; None for a workload without a directory."""
+    directory = getattr(workload.params, "directory", None)
+    if directory is None or data_mount is None or not workload.measures_storage or posixpath.isabs(directory):
+        return directory
+    return posixpath.normpath(posixpath.join(data_mount, directory))
+
+
 def on_data_disk(environment: Environment, workload: Workload) -> Workload:
     """A storage workload with a relative directory placed on the environment's data disk, when it
     has one (a VM's); any other workload unchanged."""
-    data = environment.data_directory()
-    if data is None or not workload.measures_storage:
+    directory = placed_directory(environment.data_directory(), workload)
+    if directory == getattr(workload.params, "directory", None):
         return workload
-    directory = workload.params.directory  # type: ignore[attr-defined]
-    if posixpath.isabs(directory):
-        return workload
-    params = workload.params.model_copy(
-        update={"directory": posixpath.normpath(posixpath.join(data, directory))}
-    )
-    return workload.rebuilt(params)
+    return workload.rebuilt(workload.params.model_copy(update={"directory": directory}))
 
 
 def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:

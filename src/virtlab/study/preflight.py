@@ -21,6 +21,7 @@ from virtlab.image import ImageSpec
 from virtlab.image.packages import image_spec
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
 from virtlab.storage import uses_nfs
+from virtlab.study.measure import placed_directory
 from virtlab.workloads._peer import PeerWorkload
 
 
@@ -29,7 +30,7 @@ def space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> l
     fails now, not after an hour of other cells (where the room cannot be known before, the
     kernel refuses at run time with the figures)."""
     needed = getattr(spec.workload, "required_space_mb", 0)
-    directory = getattr(spec.workload.params, "directory", None)
+    directory = placed_directory(env.cls.data_mount, spec.workload)
     if not needed or directory is None:
         return []
     where = f"environment {env.name!r}, workload {spec.name!r}"
