@@ -1101,6 +1101,7 @@ class LibvirtEnvironment(GuestVmEnvironment):
             "uuid": self._domain.UUIDString(),
             "start_s": round(time.monotonic() - self._started, 3),
         }
+        self._cont_s = self._details["domain"]["start_s"]  # the boot's first phase: the guest runs
         live = ET.fromstring(self._domain.XMLDesc(0))
         os_type = live.find("os/type")
         self._details["domain"]["machine"] = os_type.get("machine") if os_type is not None else None
