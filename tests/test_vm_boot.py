@@ -113,21 +113,30 @@ def test_data_disk_has_the_plan_format_and_the_overlay_is_qcow2(fmt):
     assert "virtio-blk-pci,drive=disk1,id=disk1-dev" in _values(argv, "-device")
 
 
-def test_data_disk_on_the_plan_bus_before_a_passed_through_device():
+def test_data_disk_on_the_plan_bus_the_system_disk_on_virtio_blk():
+    # the system disk is virtio-blk (vda) whatever the bus: the plan's bus is the measured disk's
     scsi = _values(_argv(disk_bus="virtio-scsi", block_device="/dev/sdz"), "-device")
+    assert "virtio-blk-pci,drive=disk0,id=disk0-dev" in scsi
     assert scsi.count("virtio-scsi-pci,id=scsi0") == 1
-    assert "scsi-hd,drive=disk1,bus=scsi0.0,channel=0,scsi-id=1,lun=0" in scsi  # the data disk
-    assert "scsi-hd,drive=disk2,bus=scsi0.0,channel=0,scsi-id=2,lun=0" in scsi  # the block device
+    assert "scsi-hd,drive=disk1,bus=scsi0.0,channel=0,scsi-id=0,lun=0" in scsi  # the data disk
+    assert "scsi-hd,drive=disk2,bus=scsi0.0,channel=0,scsi-id=1,lun=0" in scsi  # the block device
     drives = _values(_argv(disk_bus="virtio-scsi", block_device="/dev/sdz"), "-drive")
     assert drives[2].startswith("file=/dev/sdz,format=raw,")
-    # pc has two IDE channels: a third disk is the first channel's slave
     pc = _values(_argv(machine="pc", disk_bus="ide", block_device="/dev/sdz"), "-device")
-    ide = [device for device in pc if device.startswith("ide-hd,")]
-    assert ide == [
-        "ide-hd,drive=disk0,bus=ide.0", "ide-hd,drive=disk1,bus=ide.1", "ide-hd,drive=disk2,bus=ide.0,unit=1",
-    ]  # fmt: skip
-    q35 = _values(_argv(disk_bus="ide", block_device="/dev/sdz"), "-device")
-    assert "ide-hd,drive=disk2,bus=ide.2" in q35
+    assert [device for device in pc if device.startswith(("ide-hd,", "virtio-blk"))] == [
+        "virtio-blk-pci,drive=disk0,id=disk0-dev",
+        "ide-hd,drive=disk1,bus=ide.0",
+        "ide-hd,drive=disk2,bus=ide.1",
+    ]
+    # without a data disk (a plain copy as the root disk) the root is on the plan's bus
+    plain = qemu_argv(
+        VmOptions(disk_bus="virtio-scsi"), accelerator="tcg", append="",
+        files=VmFiles(kernel="k", initrd="i", disk="disk.raw"),
+    )  # fmt: skip
+    assert "scsi-hd,drive=disk0,bus=scsi0.0,channel=0,scsi-id=0,lun=0" in _values(plain, "-device")
+    # the system disk's driver is kept when the plan's bus is another
+    assert "virtio_blk" not in unneeded_modules(VmOptions(disk_bus="ide"), MANIFEST, system_virtio_blk=True)
+    assert "virtlab.root=/dev/vda" in kernel_cmdline(VmOptions(disk_bus="ide"), "tcg", root="/dev/vda")
 
 
 def test_storage_workloads_work_on_the_data_disk_others_where_they_are():

@@ -86,6 +86,8 @@ CONSOLE_LOG = "console.log"
 _REAP_WAIT_S = 1.0
 """How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 _EXEC_POLL_MAX_S = 0.1
+SYSTEM_ROOT = "/dev/vda"
+"""The system disk of a VM with a data disk: virtio-blk, whatever bus the plan measures."""
 DATA_MOUNT = "/mnt"
 """Where a VM with a data disk mounts it (by its label: the bus decides whether the guest names it
 vdb or sdb), as a container's tested directory is its /mnt: a storage workload's relative
@@ -218,7 +220,9 @@ IO-APIC timer check, the CPU's RDRAND trusted for the first random bytes, expedi
 periods until userspace runs."""
 
 
-def unneeded_modules(options: VmOptions, manifest: dict[str, Any]) -> tuple[str, ...]:
+def unneeded_modules(
+    options: VmOptions, manifest: dict[str, Any], system_virtio_blk: bool = False
+) -> tuple[str, ...]:
     """Modules of the initramfs that this VM's hardware does not need (``virtlab.skip``): the
     initramfs's list less the required drivers, their dependencies, the random device's driver and
     the root file system's. An image that does not record its modules' dependencies skips none."""
@@ -226,7 +230,7 @@ def unneeded_modules(options: VmOptions, manifest: dict[str, Any]) -> tuple[str,
     if not isinstance(deps, dict):
         return ()
     wanted = {*_required_drivers(options), "virtio_rng", "ext4", "crc32c_generic"}
-    if options.nfs_access == "datastore":
+    if options.nfs_access == "datastore" or system_virtio_blk:  # those disks are virtio-blk always
         wanted.add("virtio_blk")
     needed = set(wanted)
     for name in wanted:
@@ -240,6 +244,7 @@ def kernel_cmdline(
     tsc_khz: int | None = None,
     ip: str | None = None,
     skip_modules: tuple[str, ...] = (),
+    root: str | None = None,
 ) -> str:
     """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address,
     ``skip_modules`` the initramfs's modules it does not load (``unneeded_modules``)."""
@@ -250,7 +255,7 @@ def kernel_cmdline(
         # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
         # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
         extra.insert(0, f"tsc_early_khz={tsc_khz}")
-    return guest_cmdline(root=root_device(options), sshd=False, ip=ip, extra=tuple(extra))
+    return guest_cmdline(root=root or root_device(options), sshd=False, ip=ip, extra=tuple(extra))
 
 
 def numa_layout(vcpus: int, memory_mb: int, nodes: int) -> list[tuple[list[int], int]]:
@@ -757,6 +762,10 @@ class GuestVmEnvironment(Environment):
     def data_directory(self) -> str | None:
         return self._data_mount
 
+    def _system_root(self) -> str:
+        """The system disk in the guest: with a data disk always virtio-blk's first (qemu_argv)."""
+        return SYSTEM_ROOT if self._data is not None else root_device(self.options)
+
     def measured_disk(self, directory: str) -> str | None:
         if self._data is None:
             return None
@@ -804,7 +813,7 @@ class GuestVmEnvironment(Environment):
     def _collect_facts(self) -> dict[str, str]:
         data = (DATA_LABEL, DATA_MOUNT) if self._data is not None else ("", "")
         result = self._guest_exec(
-            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options), *data], timeout_s=60
+            ["sh", "-c", _FACTS_SCRIPT, "facts", self._system_root(), *data], timeout_s=60
         )
         if not result.ok:
             raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")

@@ -60,6 +60,7 @@ from virtlab.environments.guest_vm import (
     DATA_MOUNT,
     PORTABLE_MARCH,
     QEMU,
+    SYSTEM_ROOT,
     GuestVmEnvironment,
     VmOptions,
     bridge_mac,
@@ -195,11 +196,20 @@ def qemu_argv(
         *([(files.data_disk, options.image_format)] if files.data_disk else []),
         *([(options.block_device, "raw")] if options.block_device else []),
     ]
+    # With a data disk, the system disk is virtio-blk whatever the plan's bus: it is not what is
+    # measured, and its name is then always vda (two disks on virtio-scsi are named in the order
+    # the kernel's asynchronous scan finds them). The plan's bus carries the data disk and a
+    # passed-through device, numbered from 0 there.
+    on_plan_bus = 0
     for index, (path, fmt) in enumerate(disks):
         drive = f"disk{index}"
         escaped = str(path).replace(",", ",,")  # QEMU's option syntax doubles a comma in a value
         argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},cache={options.disk_cache}"]
-        argv += _disk_devices(options, drive, index)
+        if index == 0 and files.data_disk:
+            argv += ["-device", f"virtio-blk-pci,drive={drive},id={drive}-dev"]
+        else:
+            argv += _disk_devices(options, drive, on_plan_bus)
+            on_plan_bus += 1
     if datastore is not None:
         escaped = datastore.replace(",", ",,")
         drive = f"file={escaped},format=raw,if=none,id=datastore,cache={options.disk_cache}"
@@ -387,8 +397,8 @@ class VmEnvironment(GuestVmEnvironment):
         tap, address = self._choose_port()
         try:
             append = kernel_cmdline(
-                self.options, self.accelerator, _host_tsc_khz(), ip=address,
-                skip_modules=unneeded_modules(self.options, image.manifest),
+                self.options, self.accelerator, _host_tsc_khz(), ip=address, root=SYSTEM_ROOT,
+                skip_modules=unneeded_modules(self.options, image.manifest, system_virtio_blk=True),
             )  # fmt: skip
         except ValueError as error:  # a command line longer than the kernel takes
             self._stop()
