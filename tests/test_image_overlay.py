@@ -99,3 +99,40 @@ def test_bzimage_payload_and_its_formats():
         decompress(b"BZh91AY&SY")
     assert has_pvh_entry("CONFIG_X=y\nCONFIG_PVH=y\n")
     assert not has_pvh_entry("# CONFIG_PVH is not set\n")
+
+
+@pytest.mark.parametrize("tool", [["lz4", "-l", "-c"], ["zstd", "-q", "-c"]], ids=["lz4-legacy", "zstd"])
+def test_the_kernels_compressions_through_their_tools(tool):
+    kernel = b"\x7fELF" + bytes(range(256)) * 64
+    packed = subprocess.run(tool, input=kernel, capture_output=True, check=True).stdout
+    # the kernel's build appends the uncompressed size: the tool's trailing garbage, output kept
+    assert decompress(packed + (len(kernel)).to_bytes(4, "little")) == kernel
+    with pytest.raises(ValueError, match=f"{tool[0]} could not decompress"):
+        decompress(packed[:4] + b"\0" * 16)
+
+
+@needs_root
+@pytest.mark.slow
+def test_pvh_kernel_is_unpacked_once_beside_an_image(guest_image, tmp_path):
+    from dataclasses import replace
+
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "rootfs").symlink_to(guest_image.rootfs)
+    elsewhere = replace(guest_image, rootfs=tmp_path / "image" / "rootfs")
+    vmlinux, how = pvh_kernel(elsewhere)
+    assert vmlinux == tmp_path / "image" / "vmlinux" and "PVH" in how
+    assert vmlinux.read_bytes() == pvh_kernel(guest_image)[0].read_bytes()
+    assert not list((tmp_path / "image").glob(".vmlinux.*"))  # written aside, then renamed
+    # a kernel without a PVH entry point boots as it is, and says why
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "rootfs" / "boot").mkdir(parents=True)
+    config = tmp_path / "plain" / "rootfs" / "boot" / f"config-{guest_image.modules_version}"
+    config.write_text("# CONFIG_PVH is not set\n")
+    plain = replace(guest_image, rootfs=tmp_path / "plain" / "rootfs")
+    assert pvh_kernel(plain) == (None, "the kernel has no PVH entry point (CONFIG_PVH)")
+    # a kernel that is not a bzImage is not unpacked
+    config.write_text("CONFIG_PVH=y\n")
+    (tmp_path / "not-bz").write_bytes(b"\0" * 4096)
+    broken = replace(plain, kernel=tmp_path / "not-bz")
+    found, why = pvh_kernel(broken)
+    assert found is None and "not a bzImage" in why and not (tmp_path / "plain" / "vmlinux").exists()
