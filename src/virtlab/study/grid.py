@@ -363,8 +363,10 @@ class GridStudy(Study):
             ):
                 continue
             environment = self.environments[env_name]
-            directory = placed_directory(environment.data_directory(), workload) or "."
-            free = environment.free_space_now_mb(directory)
+            directory = getattr(workload.params, "directory", ".")
+            free = environment.free_space_now_mb(
+                placed_directory(environment.data_directory(), workload) or directory
+            )
             if free is not None and free < needed:
                 kind = next(env.kind for env in self.plan.environments if env.name == env_name)
                 where = f"environment {env_name!r}, workload {workload_name!r}"

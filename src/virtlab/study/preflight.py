@@ -30,12 +30,14 @@ def space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> l
     fails now, not after an hour of other cells (where the room cannot be known before, the
     kernel refuses at run time with the figures)."""
     needed = getattr(spec.workload, "required_space_mb", 0)
-    directory = placed_directory(env.cls.data_mount, spec.workload)
+    directory = getattr(spec.workload.params, "directory", None)
     if not needed or directory is None:
         return []
+    # checked where it will run (a VM's data disk), named as the plan names it
+    placed = placed_directory(env.cls.data_mount, spec.workload) or directory
     where = f"environment {env.name!r}, workload {spec.name!r}"
     try:
-        free_mb = env.cls.free_space_mb(env.options, directory, out_dir / "environments" / env.name)
+        free_mb = env.cls.free_space_mb(env.options, placed, out_dir / "environments" / env.name)
     except OSError as error:
         return [f"{where}: directory {directory!r}: {error.strerror}"]
     if free_mb is None or free_mb >= needed:
