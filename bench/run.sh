@@ -8,6 +8,8 @@ scripts/setup.sh
 .venv/bin/python bench/bookkeeping_bench.py
 # The libvirt domain's boot against the QMP VM's; it adds its part to the results above.
 .venv/bin/python bench/boot_bench.py
+# A VM's provision and boot phases against the bare kernel and a hand-made overlay; it adds its part too.
+.venv/bin/python bench/provision_bench.py
 # hosts check on 16 test hosts, a study on 4, each against one host; it adds its part to the results above.
 .venv/bin/python bench/fanout_bench.py
 # podman and docker containers' start to first command against runc's; it adds its part too.

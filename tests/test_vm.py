@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from marks import host_fact
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
+from virtlab.environments.guest_vm import BOOT_PHASES, DATA_MOUNT
 from virtlab.environments.vm import (
     CONSOLE_LOG,
     PORTABLE_MARCH,
@@ -31,7 +32,7 @@ from virtlab.environments.vm import (
     numa_layout,
     qemu_argv,
 )
-from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER
+from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER, qemu_img_info
 from virtlab.qmp import Qmp, QmpError, SocketPath
 from virtlab.study.measure import measure_inside
 from virtlab.study.outcome import TrialFailure
@@ -254,11 +255,17 @@ def vm(guest_image, kernel_build, tmp_path_factory):
 def test_boots_within_the_target(vm):
     print(f"boot (process start to first command answered): {vm.boot_s:.2f} s, accelerator {vm.accelerator}")
     assert vm.boot_s is not None and vm.boot_s < 15
-    provision, boot = vm.environment_samples()
-    assert (boot.metric, boot.unit, boot.better) == ("boot_s", "s", "lower")
+    samples = {sample.metric: sample for sample in vm.environment_samples()}
+    boot, provision = samples["boot_s"], samples["provision_s"]
+    assert (boot.unit, boot.better) == ("s", "lower")
     assert boot.value == vm.boot_s
     # set-up includes the boot (and the disk and kernels before it)
-    assert provision.metric == "provision_s" and provision.value >= boot.value
+    assert provision.value >= boot.value
+    # the boot's phases, each from QEMU's start, in the order they happen, all before the answer
+    phases = [samples[f"boot_{phase}_s"].value for phase in BOOT_PHASES if phase != "agent_answering"]
+    assert len(phases) == 4 and phases == sorted(phases) and 0 < phases[0] and phases[-1] <= vm.boot_s
+    assert vm.boot_phases["agent_answering"] == vm.boot_s
+    assert 0 < samples["disk_s"].value < provision.value - boot.value
 
 
 @needs_root
@@ -363,11 +370,35 @@ def test_manifest(vm):
     assert manifest["boot_s"] == vm.boot_s and isinstance(manifest["steal_s"], float)
     assert manifest["storage"]["format"] == "qcow2" and manifest["storage"]["cache"] == "none"
     assert "/block/vda" in manifest["storage"]["root_sysfs"]
+    # what storage workloads measure: the data disk in the plan's format, not the system overlay
+    assert manifest["storage"]["measured_disk"] == "data"
+    data = manifest["storage"]["data_disk"]
+    assert (data["format"], data["allocation"], data["bus"]) == ("qcow2", "dynamic", "virtio-blk")
+    assert (data["guest_device"], data["mount"]) == ("/dev/vdb", DATA_MOUNT)
+    assert qemu_img_info(data["image"])["format"] == "qcow2"
+    system = qemu_img_info(vm.workdir / "system.qcow2")
+    assert system["format"] == "qcow2" and system["backing-filename-format"] == "raw"
+    assert "PVH" in manifest["kernel_entry"]
     assert manifest["network"]["guest_driver"] == "virtio_net"
     assert manifest["qemu_version"].startswith(("7.", "8.", "9.", "10."))
     assert manifest["qemu_argv"][0] == "qemu-system-x86_64" and "-numa" in manifest["qemu_argv"]
     console = Path(manifest["console_log"])
     assert console.parent == vm.workdir and READY_MARKER in console.read_text()
+
+
+@needs_root
+@pytest.mark.slow
+def test_storage_workloads_measure_the_data_disk(vm):
+    dd = WORKLOADS.get("dd").from_mapping({"size_mb": 8, "block_kb": 1024})
+    samples = measure_inside(vm, dd)
+    assert samples and all(sample.metadata["disk"] == "data" for sample in samples)
+    assert samples[0].metadata["fs"] == "ext4"
+    # where the trial wrote: the data disk's file system, which the system disk does not hold
+    where = vm.run(["findmnt", "-n", "-o", "SOURCE", "--target", DATA_MOUNT], timeout_s=30)
+    assert where.stdout.strip() == "/dev/vdb"
+    # an absolute directory is the plan's own choice: on the system disk, and said so
+    on_root = WORKLOADS.get("dd").from_mapping({"size_mb": 8, "block_kb": 1024, "directory": "/var/tmp"})
+    assert {sample.metadata["disk"] for sample in measure_inside(vm, on_root)} == {"system"}
 
 
 @needs_root
@@ -384,11 +415,11 @@ def test_copy_in_and_out(vm, tmp_path):
 @needs_root
 @pytest.mark.slow
 def test_teardown_leaves_no_qemu_and_no_disk(vm):
-    pid, disk = vm.qemu_pid, vm.workdir / "disk.qcow2"
-    assert pid is not None and disk.exists()
+    pid, disks = vm.qemu_pid, [vm.workdir / "system.qcow2", vm.workdir / "data.qcow2"]
+    assert pid is not None and all(disk.exists() for disk in disks)
     vm.teardown()
     assert pid not in qemu_processes()
-    assert not disk.exists()
+    assert not any(disk.exists() for disk in disks)
     assert (vm.workdir / CONSOLE_LOG).exists()  # the console stays with the results
     vm.teardown()  # twice is harmless
 
@@ -412,9 +443,15 @@ def test_microvm_with_virtio_scsi_boots(guest_image, kernel_build, tmp_path):
         result = env.run(["sh", "-c", "readlink -f /sys/class/block/sda"], timeout_s=30)
         assert result.ok and "/host0/" in result.stdout  # a SCSI host: virtio-scsi
         assert env.manifest()["network"]["mode"] == "none"
+        # the measured disk is that SCSI disk: raw, fixed; the system disk is virtio-blk's vda
+        data = env.manifest()["storage"]["data_disk"]
+        assert (data["format"], data["allocation"], data["guest_device"]) == ("raw", "fixed", "/dev/sda")
+        info = qemu_img_info(tmp_path / "data.raw")
+        assert info["format"] == "raw" and info["actual-size"] >= info["virtual-size"]
+        assert "/block/vda" in env.manifest()["storage"]["root_sysfs"]
     finally:
         env.teardown()
-    assert not (tmp_path / "disk.raw").exists()
+    assert not (tmp_path / "data.raw").exists() and not (tmp_path / "system.qcow2").exists()
 
 
 @needs_root

@@ -262,6 +262,19 @@ class Environment(ABC):
         guest image not built yet): the trial finds out."""
         return None
 
+    data_mount: ClassVar[str | None] = None
+    """Where this kind mounts a disk of its own for what storage workloads measure (a VM's data
+    disk), their relative directories taken there; None: they work in its working directory."""
+
+    def data_directory(self) -> str | None:
+        """``data_mount`` once this environment's data disk is mounted, else None."""
+        return None
+
+    def measured_disk(self, directory: str) -> str | None:
+        """Which of this environment's disks holds ``directory`` ("data", "system"), or None where
+        it has only one."""
+        return None
+
     @classmethod
     def host_scope(cls, options: EnvironmentOptions) -> tuple[HostScope | None, str]:
         """What of this environment runs on this host as virtlab's own, where a plan's controls

@@ -61,14 +61,18 @@ from virtlab.environments.abilities import (
 )
 from virtlab.environments.container import built_image, guest_tool_problems
 from virtlab.image import (
+    DATA_LABEL,
     GUEST_BIN,
+    READY_MARKER,
     GuestImage,
     ImageError,
     ImageSpec,
     default_size_mb,
     guest_cmdline,
     kernel_files,
+    make_data_disk,
     make_disk,
+    make_overlay,
 )
 from virtlab.qemu import wait_for_agent
 from virtlab.qmp import GuestAgent, GuestAgentError
@@ -84,6 +88,12 @@ CONSOLE_LOG = "console.log"
 _REAP_WAIT_S = 1.0
 """How long a broken guest-agent socket waits for QEMU's exit, to tell a dead QEMU from a lost agent."""
 _EXEC_POLL_MAX_S = 0.1
+SYSTEM_ROOT = "/dev/vda"
+"""The system disk of a VM with a data disk: virtio-blk, whatever bus the plan measures."""
+DATA_MOUNT = "/mnt"
+"""Where a VM with a data disk mounts it (by its label: the bus decides whether the guest names it
+vdb or sdb), as a container's tested directory is its /mnt: a storage workload's relative
+directory is there."""
 _KILL_GRACE_S = 10.0
 HUNG_TASK = "blocked for more than"
 """What the guest kernel's hung-task detector prints of a task stuck in uninterruptible sleep (a
@@ -116,10 +126,14 @@ class VmOptions(EnvironmentOptions):
         "threads doing preadv/pwritev (QEMU's default); native = Linux AIO (needs O_DIRECT: "
         'disk_cache "none" or "directsync"); io_uring',
     )
-    image_format: Literal["raw", "qcow2"] = Field(default="raw", description="format of the root disk")
+    image_format: Literal["raw", "qcow2"] = Field(
+        default="raw", description="format of the measured disk (vm: the data disk; libvirt: the root disk)"
+    )
     preallocate: bool = Field(default=False, description='"fixed" disk: every block reserved up front')
     disk_size_mb: int | None = Field(
-        default=None, ge=256, description="root disk size; default the tree + 1 GiB"
+        default=None,
+        ge=256,
+        description="size of the root disk (and the data disk); default the tree + 1 GiB",
     )
     block_device: str | None = Field(
         default=None, description="host block device passed through as the second disk"
@@ -233,24 +247,60 @@ def root_device(options: VmOptions) -> str:
     return "/dev/vda" if options.disk_bus == "virtio-blk" else "/dev/sda"
 
 
+FAST_BOOT_ARGS = (
+    "i8042.noaux", "i8042.nomux", "i8042.nopnp", "i8042.dumbkbd", "8250.nr_uarts=1",
+    "cryptomgr.notests", "no_timer_check", "random.trust_cpu=on",
+    "rcupdate.rcu_expedited=1", "rcupdate.rcu_normal_after_boot=1",
+)  # fmt: skip
+"""Kernel arguments that shorten the boot and nothing after it (as Kata's and Firecracker's): no
+probing of the PS/2 controller's mouse and multiplexer, one serial port, no crypto self-tests, no
+IO-APIC timer check, the CPU's RDRAND trusted for the first random bytes, expedited RCU grace
+periods until userspace runs."""
+
+
+def unneeded_modules(
+    options: VmOptions, manifest: dict[str, Any], system_virtio_blk: bool = False
+) -> tuple[str, ...]:
+    """Modules of the initramfs that this VM's hardware does not need (``virtlab.skip``): the
+    initramfs's list less the required drivers, their dependencies, the random device's driver and
+    the root file system's. An image that does not record its modules' dependencies skips none."""
+    deps = manifest.get("initramfs_module_deps")
+    if not isinstance(deps, dict):
+        return ()
+    wanted = {*_required_drivers(options), "virtio_rng", "ext4", "crc32c_generic"}
+    if options.nfs_access == "datastore" or system_virtio_blk:  # those disks are virtio-blk always
+        wanted.add("virtio_blk")
+    needed = set(wanted)
+    for name in wanted:
+        needed.update(deps.get(name, ()))
+    return tuple(name for name in manifest.get("initramfs_modules", ()) if name not in needed)
+
+
 def kernel_cmdline(
-    options: VmOptions, accelerator: str, tsc_khz: int | None = None, ip: str | None = None
+    options: VmOptions,
+    accelerator: str,
+    tsc_khz: int | None = None,
+    ip: str | None = None,
+    skip_modules: tuple[str, ...] = (),
+    root: str | None = None,
 ) -> str:
-    """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address."""
-    extra = list(options.kernel_args)
+    """The guest's kernel command line; ``ip`` (address/prefix) is its NIC's static address,
+    ``skip_modules`` the initramfs's modules it does not load (``unneeded_modules``)."""
+    extra = [*FAST_BOOT_ARGS, *(["virtlab.skip=" + ",".join(skip_modules)] if skip_modules else [])]
     if options.hung_task_s:
         # Sooner than the kernel's 120 s, so that a guest whose disk stopped answering says so
         # within a trial's patience (a hung trial is failed on this line: _hang_watch).
-        extra[:0] = [
+        extra += [
             f"sysctl.kernel.hung_task_timeout_secs={options.hung_task_s}",
             f"sysctl.kernel.hung_task_check_interval_secs={min(_HUNG_TASK_CHECK_S, options.hung_task_s)}",
         ]
+    extra += options.kernel_args
     if options.machine == "microvm" and accelerator == "tcg" and tsc_khz:
         # microvm has neither HPET nor an ACPI PM timer, and on a busy host TCG's PIT is too slow
         # for the kernel's TSC calibration, which then waits for a timer tick that never comes.
         # Under TCG the guest's TSC is the host's, so the host's rate is the right answer.
         extra.insert(0, f"tsc_early_khz={tsc_khz}")
-    return guest_cmdline(root=root_device(options), sshd=False, ip=ip, extra=tuple(extra))
+    return guest_cmdline(root=root or root_device(options), sshd=False, ip=ip, extra=tuple(extra))
 
 
 def numa_layout(vcpus: int, memory_mb: int, nodes: int) -> list[tuple[list[int], int]]:
@@ -289,23 +339,54 @@ def _required_drivers(options: VmOptions) -> dict[str, str]:
     return drivers
 
 
+# The guest's description at the end of its provisioning, and its data disk mounted first ($2 its
+# label, $3 where; none when empty). Shell builtins where they do (read, case, cd -P), because every
+# program it starts is an exec, which under TCG on a loaded host costs up to a second.
 _FACTS_SCRIPT = r"""
 root=$1
-cpu() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
-echo "cpu_model=$(cpu 'model name')"
-echo "cpu_flags=$(cpu flags)"
-echo "cores=$(nproc)"
-echo "memory_kb=$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-echo "kernel=$(uname -r)"
-echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
-echo "numa_nodes=$(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | wc -l)"
-echo "steal_ticks=$(awk '/^cpu / {print $9}' /proc/stat)"
+if [ -n "$2" ]; then
+    mount -t ext4 "LABEL=$2" "$3" || { echo "no data disk (label $2) mounted at $3" >&2; exit 3; }
+    while read -r dev point rest; do
+        [ "$point" = "$3" ] && echo "data_device=$dev"
+    done < /proc/mounts
+fi
+cores=0
+while IFS=: read -r key value; do
+    case "$key" in
+        processor*) cores=$((cores + 1)) ;;
+        "model name"*) [ -n "${model+x}" ] || model=${value# } ;;
+        flags*) [ -n "${flags+x}" ] || flags=${value# } ;;
+    esac
+done < /proc/cpuinfo
+echo "cpu_model=$model"
+echo "cpu_flags=$flags"
+echo "cores=$cores"
+while read -r key value unit; do
+    [ "$key" = MemTotal: ] && echo "memory_kb=$value" && break
+done < /proc/meminfo
+read -r kernel < /proc/sys/kernel/osrelease
+echo "kernel=$kernel"
+read -r clocksource < /sys/devices/system/clocksource/clocksource0/current_clocksource
+echo "clocksource=$clocksource"
+set -- /sys/devices/system/node/node[0-9]*
+[ -e "$1" ] && echo "numa_nodes=$#" || echo "numa_nodes=0"
+read -r cpu user nice system idle iowait irq softirq steal rest < /proc/stat
+echo "steal_ticks=$steal"
 echo "clk_tck=$(getconf CLK_TCK)"
-echo "root_sysfs=$(readlink -f /sys/class/block/${root#/dev/})"
+cd -P "/sys/class/block/${root#/dev/}" 2>/dev/null && echo "root_sysfs=$(pwd -P)"
 for dev in /sys/class/net/*; do
-    driver=$(readlink -f "$dev/device/driver") && echo "nic_driver=${driver##*/}" && break
+    cd -P "$dev/device/driver" 2>/dev/null && echo "nic_driver=${PWD##*/}" && break
 done
-echo "cmdline=$(cat /proc/cmdline)"
+cd /
+read -r cmdline < /proc/cmdline
+echo "cmdline=$cmdline"
+dmesg > /run/virtlab/facts-dmesg 2>/dev/null
+while read -r line; do
+    case "$line" in
+        *"] Run "*" as init process"*) stamp=${line%%]*}; echo "init_run_s=${stamp##*[[ ]}"; break ;;
+    esac
+done < /run/virtlab/facts-dmesg
+rm -f /run/virtlab/facts-dmesg
 """
 
 
@@ -397,6 +478,14 @@ class GuestVmEnvironment(Environment):
         super().__init__(name, options, Path(workdir).resolve())
         self._agent: Any = None
         self._disk: Path | None = None
+        self._data: Path | None = None
+        self._data_mount: str | None = None
+        self._data_size_mb: int | None = None
+        self.disk_s: float | None = None
+        self.boot_phases: dict[str, float] = {}
+        """Seconds from QEMU's start to each boot phase (``boot_phases``), as far as measured."""
+        self._cont_s: float | None = None
+        self._first_uptime: tuple[float, float] | None = None
         self._started = 0.0
         self.accelerator: str | None = None
         self.accelerator_reason = ""
@@ -476,6 +565,8 @@ class GuestVmEnvironment(Environment):
         # At most the disk less the tree (ext4's own blocks take some more): a file that does not
         # fit in this cannot fit in the guest.
         size_mb = options.disk_size_mb or default_size_mb(image)
+        if cls.data_mount is not None and (directory.rstrip("/") + "/").startswith(cls.data_mount + "/"):
+            return size_mb  # the empty data disk: at most all of it
         return max(0, size_mb - -(-image.size_bytes // 2**20))
 
     @classmethod
@@ -576,6 +667,7 @@ class GuestVmEnvironment(Environment):
                 "mtu": self.options.mtu if self.options.network == "bridge" else None,
             },
             "storage": {
+                **self._disk_manifest(),
                 "bus": self.options.disk_bus,
                 "cache": self.options.disk_cache,
                 "aio": self.options.disk_aio,
@@ -591,11 +683,21 @@ class GuestVmEnvironment(Environment):
         }
 
     def environment_samples(self) -> list[Sample]:
-        """Figures of the environment itself (not of a workload): set-up and boot time."""
+        """Figures of the environment itself (not of a workload): set-up, disk and boot time, and
+        the boot's phases (each from QEMU's start)."""
         if self.boot_s is None:
             return super().environment_samples()
         metadata = {"accelerator": self.accelerator, "machine": self.options.machine}
-        return [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+        samples = [*super().environment_samples(), Sample("boot_s", self.boot_s, "s", "lower", metadata)]
+        if self.disk_s is not None:
+            samples.append(
+                Sample("disk_s", self.disk_s, "s", "lower", {"what": "system overlay and data disk"})
+            )
+        phases = {**metadata, "from": "QEMU's start"}
+        for phase, seconds in self.boot_phases.items():
+            if phase != "agent_answering":  # that is boot_s
+                samples.append(Sample(f"boot_{phase}_s", seconds, "s", "lower", phases))
+        return samples
 
     # -- provisioning steps --------------------------------------------------------------
     def _provision_guest(
@@ -652,9 +754,7 @@ class GuestVmEnvironment(Environment):
         cflags = guest_kernel_cflags(
             kernels.cflags, self.accelerator, cpu_model(self.options, self.accelerator)
         )
-        guest = (
-            kernels if cflags == kernels.cflags else build_kernels(cflags=cflags, compiler=kernels.compiler)
-        )
+        guest = kernels if cflags == kernels.cflags else _portable_build(kernels, cflags)
         note = None
         if guest is not kernels:
             why = "TCG does not emulate all of" if self.accelerator == "tcg" else "the guest CPU model lacks"
@@ -676,6 +776,58 @@ class GuestVmEnvironment(Environment):
         except (ImageError, ValueError) as error:
             raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
 
+    def _make_system_disk(self, image: GuestImage, kernels: KernelBuild) -> Path:
+        """A qcow2 overlay on the cached base (its read-only backing file), and the empty data disk
+        of the plan's format that the storage workloads measure."""
+        started = time.monotonic()
+        self._data_size_mb = self.options.disk_size_mb or default_size_mb(image)
+        try:
+            system = make_overlay(
+                image, self.workdir / "system.qcow2", size_mb=self.options.disk_size_mb,
+                extra_files=kernel_files(kernels.bin_dir),
+            )  # fmt: skip
+            self._disk = system
+            self._data = make_data_disk(
+                image, self.workdir / f"data.{self.options.image_format}", format=self.options.image_format,
+                preallocate=self.options.preallocate, size_mb=self._data_size_mb,
+            )  # fmt: skip
+        except (ImageError, ValueError) as error:
+            raise EnvironmentError_(f"VM disk: {error}", str(error)) from error
+        self.disk_s = round(time.monotonic() - started, 3)
+        return system
+
+    def _disk_manifest(self) -> dict[str, Any]:
+        """Which disk the storage workloads measure, and what the system disk is."""
+        if self._data is None:
+            return {"measured_disk": "system", "system_disk": "a copy of the image's disk, in image_format"}
+        return {
+            "measured_disk": "data",
+            "data_disk": {
+                "image": str(self._data), "format": self.options.image_format,
+                "allocation": "fixed" if self.options.preallocate else "dynamic",
+                "size_mb": self._data_size_mb, "bus": self.options.disk_bus,
+                "guest_device": self._details.get("data_disk_device"), "mount": self._data_mount,
+            },
+            "system_disk": "a qcow2 overlay of the image's cached raw disk (its read-only backing file)",
+        }  # fmt: skip
+
+    def data_directory(self) -> str | None:
+        return self._data_mount
+
+    def _system_root(self) -> str:
+        """The system disk in the guest: with a data disk always virtio-blk's first (qemu_argv)."""
+        return SYSTEM_ROOT if self._data is not None else root_device(self.options)
+
+    def measured_disk(self, directory: str) -> str | None:
+        if self._data is None:
+            return None
+        inside = (directory.rstrip("/") + "/").startswith
+        if inside(self._nfs_mount_point() + "/"):  # under DATA_MOUNT, but another machine's disk
+            return "nfs"
+        if self._data_mount and inside(self._data_mount.rstrip("/") + "/"):
+            return "data"
+        return "system"
+
     def _boot(self) -> None:
         deadline = self._started + self.options.boot_timeout_s
         self._agent = self._new_agent()
@@ -687,17 +839,33 @@ class GuestVmEnvironment(Environment):
                 f"{self.label}: no answer from the guest agent within "
                 f"boot_timeout_s={self.options.boot_timeout_s:g} s"
             )
-        first = self._guest_exec(["true"], timeout_s=max(10.0, deadline - time.monotonic()))
+        # The first command reads the guest's clock: when it was sent, the guest had been up that long.
+        sent = time.monotonic()
+        first = self._guest_exec(["cat", "/proc/uptime"], timeout_s=max(10.0, deadline - time.monotonic()))
         if not first.ok:
             raise EnvironmentError_(f"{self.label}: the first command failed: {first.log()}")
         self.boot_s = round(time.monotonic() - self._started, 3)
+        try:
+            self._first_uptime = (sent - self._started, float(first.stdout.split()[0]))
+        except (IndexError, ValueError):
+            self._first_uptime = None
 
     def _read_facts(self) -> None:
+        """The guest's description, and its data disk mounted (one command: each costs the boot)."""
         self._facts = self._collect_facts()
+        if self._data is not None:
+            self._data_mount = DATA_MOUNT
+            self._details["data_disk_device"] = self._facts.get("data_device")
+        ready = _ready_uptime(self._console_since(0, 200_000))
+        self.boot_phases = boot_phases(
+            self._cont_s, self._first_uptime, _float(self._facts.get("init_run_s")), ready, self.boot_s
+        )
+        self._details["boot_phases_s"] = dict(self.boot_phases)
 
     def _collect_facts(self) -> dict[str, str]:
+        data = (DATA_LABEL, DATA_MOUNT) if self._data is not None else ("", "")
         result = self._guest_exec(
-            ["sh", "-c", _FACTS_SCRIPT, "facts", root_device(self.options)], timeout_s=60
+            ["sh", "-c", _FACTS_SCRIPT, "facts", self._system_root(), *data], timeout_s=60
         )
         if not result.ok:
             raise EnvironmentError_(f"VM {self.name}: reading the guest's description failed: {result.log()}")
@@ -898,6 +1066,70 @@ class _ConsoleLines:
             if needle in line:
                 return line.decode(errors="replace").strip()
         return None
+
+
+BOOT_PHASES = ("qemu_started", "kernel_entered", "init_started", "agent_started", "agent_answering")
+"""The boot's phases as Kata's boot metrics name them: QEMU up and its guest let run (QMP ``cont``),
+the guest kernel entered, the initramfs's init run, the guest agent started, its first answer."""
+
+
+def boot_phases(
+    cont_s: float | None,
+    first_uptime: tuple[float, float] | None,
+    init_run_s: float | None,
+    ready_uptime_s: float | None,
+    boot_s: float | None,
+) -> dict[str, float]:
+    """Seconds from QEMU's start to each phase of ``BOOT_PHASES`` that could be measured.
+
+    ``first_uptime``: (host seconds since QEMU's start when the first command was sent, the guest's
+    uptime it printed); the guest's clock began when its kernel did, so the kernel was entered that
+    uptime before. ``init_run_s`` and ``ready_uptime_s`` are guest uptimes: the kernel's "Run /init"
+    (dmesg) and guest init's ready line, printed once the agent is started.
+    """
+    phases: dict[str, float] = {}
+    if cont_s is not None:
+        phases["qemu_started"] = round(cont_s, 3)
+    if first_uptime is not None:
+        sent_s, uptime_s = first_uptime
+        kernel = max(sent_s - uptime_s, cont_s or 0.0)
+        phases["kernel_entered"] = round(kernel, 3)
+        for phase, since_kernel in (("init_started", init_run_s), ("agent_started", ready_uptime_s)):
+            if since_kernel is not None and since_kernel <= uptime_s:
+                phases[phase] = round(kernel + since_kernel, 3)
+    if boot_s is not None:
+        phases["agent_answering"] = boot_s
+    return phases
+
+
+def _ready_uptime(console: str) -> float | None:
+    """The guest uptime in guest init's ready line on the console, or None."""
+    for line in console.splitlines():
+        if READY_MARKER in line:
+            for token in line.split():
+                if token.startswith("uptime_s="):
+                    return _float(token.partition("=")[2])
+    return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+_PORTABLE_BUILDS: dict[tuple[Path, tuple[str, ...]], KernelBuild] = {}
+"""This process's portable builds of a host build: asking build_kernels again probes the compiler
+and the JDK (seconds on a loaded host) only to find the same directory."""
+
+
+def _portable_build(kernels: KernelBuild, cflags: tuple[str, ...]) -> KernelBuild:
+    key = (kernels.bin_dir, cflags)
+    known = _PORTABLE_BUILDS.get(key)
+    if known is None or not all(known.path(name).exists() for name in known.kernels):
+        known = _PORTABLE_BUILDS[key] = build_kernels(cflags=cflags, compiler=kernels.compiler)
+    return known
 
 
 def _int(value: str | None, scale: int = 1) -> int | None:

@@ -80,6 +80,7 @@ from virtlab.environments.guest_vm import (
     cpu_model,
     kernel_cmdline,
     numa_layout,
+    unneeded_modules,
 )
 from virtlab.hosts.guests import guest_interface
 from virtlab.hosts.libvirt_uri import uri_problem
@@ -955,7 +956,8 @@ class LibvirtEnvironment(GuestVmEnvironment):
         try:
             # a bridged guest's static address (the image has no DHCP client): virtlab.ip
             address = self.options.guest_address if self.options.bridge is not None else None
-            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address)
+            skip = unneeded_modules(self.options, image.manifest)
+            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address, skip_modules=skip)
         except ValueError as error:  # a command line longer than the kernel takes
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
         self._disk = self._make_disk(image, guest_kernels)
@@ -1089,6 +1091,7 @@ class LibvirtEnvironment(GuestVmEnvironment):
             "uuid": self._domain.UUIDString(),
             "start_s": round(time.monotonic() - self._started, 3),
         }
+        self._cont_s = self._details["domain"]["start_s"]  # the boot's first phase: the guest runs
         live = ET.fromstring(self._domain.XMLDesc(0))
         os_type = live.find("os/type")
         self._details["domain"]["machine"] = os_type.get("machine") if os_type is not None else None

@@ -1,7 +1,11 @@
 """A real QEMU virtual machine, driven over QMP, with commands run through the guest agent.
 
 The VM boots the shared guest image (``virtlab.image``): a Debian kernel and initramfs given to
-QEMU directly, and a private copy of the image's disk with the compiled kernels written into it.
+QEMU directly, and a private qcow2 overlay (``system.qcow2``) on the image's cached disk with the
+compiled kernels written into it. What storage workloads measure is a second, empty disk
+(``data.raw`` or ``data.qcow2``) of the plan's ``image_format``, ``preallocate``, ``disk_bus`` and
+size, mounted at ``DATA_MOUNT`` (/mnt) once the guest answers: the overlay's format is the system's, never
+the study's.
 The QEMU command line is built by a pure function of the options (``qemu_argv``), so what a plan
 asks for can be read and tested without starting anything.
 
@@ -11,7 +15,7 @@ One VM lives from ``provision`` to ``teardown``::
     QMP (qmp.sock)        vCPU threads pinned (query-cpus-fast thread ids), then ``cont``
     guest agent (qga.sock)  first ``guest-exec`` answered = ``boot_s``; every command after it
     console.log           the serial console, attached to every failure
-    QMP quit              then SIGKILL after a grace; the disk copy is removed
+    QMP quit              then SIGKILL after a grace; the overlay and the data disk are removed
 
 Accelerator: KVM only when ``virtlab.accel.probe_kvm`` saw guest code really run under it;
 otherwise TCG. The choice and the probe's reason go into the manifest of every result.
@@ -53,8 +57,10 @@ from virtlab.environments._base import EnvironmentError_, EnvironmentOptions, re
 from virtlab.environments._process import run_process
 from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
+    DATA_MOUNT,
     PORTABLE_MARCH,
     QEMU,
+    SYSTEM_ROOT,
     GuestVmEnvironment,
     VmOptions,
     bridge_mac,
@@ -62,7 +68,9 @@ from virtlab.environments.guest_vm import (
     guest_kernel_cflags,
     kernel_cmdline,
     numa_layout,
+    unneeded_modules,
 )
+from virtlab.image import pvh_kernel
 from virtlab.qemu import QEMU_LOG, QemuProcess, alive, start_ticks, tail
 from virtlab.qmp import GuestAgent, GuestAgentError, QmpError
 
@@ -113,6 +121,10 @@ class VmFiles:
     kernel: str
     initrd: str
     disk: str
+    disk_format: str | None = None
+    """The system disk's format (``qcow2`` for an overlay); None: the plan's ``image_format``."""
+    data_disk: str | None = None
+    """The disk storage workloads measure, in the plan's ``image_format``, on the plan's bus."""
     console: str = CONSOLE_LOG
     qmp_socket: str = QMP_SOCKET
     qga_socket: str = QGA_SOCKET
@@ -126,7 +138,10 @@ def _disk_devices(options: VmOptions, drive: str, index: int) -> list[str]:
     if options.disk_bus == "virtio-scsi":
         controller = ["-device", "virtio-scsi-pci,id=scsi0"] if index == 0 else []
         return [*controller, "-device", f"scsi-hd,drive={drive},bus=scsi0.0,channel=0,scsi-id={index},lun=0"]
-    # q35's AHCI ports and pc's two PIIX channels are both named ide.<n>; one disk per bus.
+    # q35's AHCI ports and pc's two PIIX channels are both named ide.<n>; one disk per bus, but
+    # pc's third and fourth disks are the channels' slaves.
+    if options.machine == "pc" and index >= 2:
+        return ["-device", f"ide-hd,drive={drive},bus=ide.{index - 2},unit=1"]
     return ["-device", f"ide-hd,drive={drive},bus=ide.{index}"]
 
 
@@ -182,14 +197,24 @@ def qemu_argv(
             cpu_keys = ",".join(f"cpus={run}" for run in cpu_runs(cpus))  # one key per run
             argv += ["-numa", f"node,nodeid={node},{cpu_keys},memdev=mem{node}"]
     disks = [
-        (files.disk, options.image_format),
+        (files.disk, files.disk_format or options.image_format),
+        *([(files.data_disk, options.image_format)] if files.data_disk else []),
         *([(options.block_device, "raw")] if options.block_device else []),
     ]
+    # With a data disk, the system disk is virtio-blk whatever the plan's bus: it is not what is
+    # measured, and its name is then always vda (two disks on virtio-scsi are named in the order
+    # the kernel's asynchronous scan finds them). The plan's bus carries the data disk and a
+    # passed-through device, numbered from 0 there.
+    on_plan_bus = 0
     for index, (path, fmt) in enumerate(disks):
         drive = f"disk{index}"
         escaped = str(path).replace(",", ",,")  # QEMU's option syntax doubles a comma in a value
         argv += ["-drive", f"file={escaped},format={fmt},if=none,id={drive},{_drive_io(options)}"]
-        argv += _disk_devices(options, drive, index)
+        if index == 0 and files.data_disk:
+            argv += ["-device", f"virtio-blk-pci,drive={drive},id={drive}-dev"]
+        else:
+            argv += _disk_devices(options, drive, on_plan_bus)
+            on_plan_bus += 1
     if datastore is not None:
         escaped = datastore.replace(",", ",,")
         drive = f"file={escaped},format=raw,if=none,id=datastore,{_drive_io(options)}"
@@ -289,8 +314,9 @@ def cleanup_leftovers(workdir: Path | None = None, run_dir: Path | None = None) 
                 continue  # one of this process's VMs, elsewhere
         if _is_qemu(record["qemu_pid"]) and _kill(record["qemu_pid"], record.get("qemu_start")):
             killed.append(record["qemu_pid"])
-        if record.get("disk"):
-            Path(record["disk"]).unlink(missing_ok=True)
+        for disk in (record.get("disk"), record.get("data_disk")):
+            if disk:
+                Path(disk).unlink(missing_ok=True)
         for name in (QMP_SOCKET, QGA_SOCKET):
             (Path(record.get("workdir", "/nonexistent")) / name).unlink(missing_ok=True)
         path.unlink(missing_ok=True)
@@ -350,6 +376,7 @@ def _host_tsc_khz(cpuinfo: str | None = None) -> int | None:
 class VmEnvironment(GuestVmEnvironment):
     kind = "vm"
     summary = "a QEMU VM (KVM when it really works, else TCG) driven over QMP, commands via the guest agent"
+    data_mount = DATA_MOUNT
 
     def __init__(self, name: str, options: VmOptions, workdir: Path) -> None:
         super().__init__(name, options, workdir)
@@ -370,15 +397,24 @@ class VmEnvironment(GuestVmEnvironment):
         assert self.accelerator is not None
         image = self._image()
         guest_kernels = self._guest_kernels(kernels)
-        self._disk = self._make_disk(image, guest_kernels)
+        self._disk = self._make_system_disk(image, guest_kernels)
         datastore = self._make_datastore()
         tap, address = self._choose_port()
         try:
-            append = kernel_cmdline(self.options, self.accelerator, _host_tsc_khz(), ip=address)
+            append = kernel_cmdline(
+                self.options, self.accelerator, _host_tsc_khz(), ip=address, root=SYSTEM_ROOT,
+                skip_modules=unneeded_modules(self.options, image.manifest, system_virtio_blk=True),
+            )  # fmt: skip
         except ValueError as error:  # a command line longer than the kernel takes
             self._stop()
             raise EnvironmentError_(f"VM {self.name}: {error}") from error
-        files = VmFiles(kernel=str(image.kernel), initrd=str(image.initrd), disk=self._disk.name)
+        assert self._data is not None
+        kernel, entry = pvh_kernel(image)
+        self._details["kernel_entry"] = entry
+        files = VmFiles(
+            kernel=str(kernel or image.kernel), initrd=str(image.initrd), disk=self._disk.name,
+            disk_format="qcow2", data_disk=self._data.name,
+        )  # fmt: skip
         self._argv = qemu_argv(
             self.options, accelerator=self.accelerator, files=files, append=append, name=self.name,
             tap=tap, mac=bridge_mac(address) if address else None, datastore=datastore,
@@ -558,6 +594,7 @@ class VmEnvironment(GuestVmEnvironment):
         self._pin_vcpus()
         self._join_network()
         qmp.execute("cont")
+        self._cont_s = time.monotonic() - self._started
 
     def _pin_vcpus(self) -> None:
         assert self._qemu is not None
@@ -627,6 +664,7 @@ class VmEnvironment(GuestVmEnvironment):
                 "owner_start": start_ticks(os.getpid()),
                 "workdir": str(self.workdir),
                 "disk": str(self._disk) if self._disk else None,
+                "data_disk": str(self._data) if self._data else None,
             }
             self._record.write_text(json.dumps(record) + "\n")
         except OSError:
@@ -643,9 +681,11 @@ class VmEnvironment(GuestVmEnvironment):
         if self._record is not None:
             self._record.unlink(missing_ok=True)
             self._record = None
-        if self._disk is not None:
-            self._disk.unlink(missing_ok=True)
-            self._disk = None
+        for disk in (self._disk, self._data):
+            if disk is not None:
+                disk.unlink(missing_ok=True)
+        self._disk = self._data = None
+        self._data_mount = None
         for name in (QMP_SOCKET, QGA_SOCKET):
             (self.workdir / name).unlink(missing_ok=True)
 

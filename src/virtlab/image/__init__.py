@@ -13,7 +13,15 @@ from virtlab.image.builder import (
     missing_tools,
     prune_images,
 )
-from virtlab.image.disk import FORMATS, default_size_mb, make_disk, qemu_img_info
+from virtlab.image.disk import (
+    DATA_LABEL,
+    FORMATS,
+    default_size_mb,
+    make_data_disk,
+    make_disk,
+    make_overlay,
+    qemu_img_info,
+)
 from virtlab.image.guest import (
     INITRAMFS_ERROR_MARKER,
     READY_MARKER,
@@ -23,10 +31,12 @@ from virtlab.image.guest import (
     install_kernels,
     kernel_files,
 )
+from virtlab.image.pvh import pvh_kernel
 
 __all__ = [
     "DEFAULT_DRIVERS",
     "DEFAULT_PACKAGES",
+    "DATA_LABEL",
     "FORMATS",
     "GUEST_BIN",
     "GUEST_INIT",
@@ -43,8 +53,11 @@ __all__ = [
     "install_kernels",
     "kernel_files",
     "load_image",
+    "make_data_disk",
     "make_disk",
+    "make_overlay",
     "missing_tools",
     "prune_images",
+    "pvh_kernel",
     "qemu_img_info",
 ]

@@ -36,10 +36,10 @@ from typing import Any
 
 from virtlab.build import cache_root
 from virtlab.image import apt
-from virtlab.image.initramfs import build_initramfs
+from virtlab.image.initramfs import build_initramfs, module_dependencies, parse_modules_dep
 
 # Bump when the recipe in this file changes what lands in an image; the scripts are hashed as text.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 # Files the build creates get this timestamp rather than the build's time (reproducible-builds.org).
 DEFAULT_SOURCE_DATE_EPOCH = 1686355200  # 2023-06-10, Debian 12 "bookworm" released
 
@@ -559,6 +559,8 @@ def _assemble(staging: Path, job: _Job) -> dict[str, Any]:
         drivers=job.spec.drivers,
         mtime=epoch,
     )
+    modules_dep = (kernel_root / "lib" / "modules" / release / "modules.dep").read_text()
+    needs = module_dependencies(parse_modules_dep(modules_dep), loaded)
     remove_tree(staging / "work")
     _clamp_mtimes(tree, epoch)
     packages = dpkg_status(tree)
@@ -579,6 +581,7 @@ def _assemble(staging: Path, job: _Job) -> dict[str, Any]:
         },
         "busybox_static": job.busybox_version,
         "initramfs_modules": loaded,
+        "initramfs_module_deps": needs,
         "missing_drivers": missing,
         "source_date_epoch": epoch,
         "recipe": RECIPE_VERSION,

@@ -7,6 +7,7 @@
 #   virtlab.rootfstype=FS   its file system (default ext4)
 #   virtlab.rootwait=S      seconds to wait for the device to appear (default 30)
 #   virtlab.init=PATH       program to run as PID 1 in the tree (default /opt/virtlab/guest-init)
+#   virtlab.skip=A,B        modules not loaded (drivers of hardware this VM does not have)
 #   virtlab.debug=1         drop to a shell instead of failing
 #   ro                      mount the root read-only
 
@@ -24,13 +25,16 @@ rootwait=30
 guest_init=/opt/virtlab/guest-init
 rootmode=rw
 debug=
-for opt in $(cat /proc/cmdline); do
+skip=
+read -r cmdline < /proc/cmdline
+for opt in $cmdline; do
     case "$opt" in
         virtlab.root=*) root="${opt#*=}" ;;
         virtlab.rootfstype=*) rootfstype="${opt#*=}" ;;
         virtlab.rootwait=*) rootwait="${opt#*=}" ;;
         virtlab.init=*) guest_init="${opt#*=}" ;;
         virtlab.debug=1) debug=1 ;;
+        virtlab.skip=*) skip="${opt#*=}" ;;
         ro) rootmode=ro ;;
     esac
 done
@@ -49,8 +53,11 @@ fail() {
 }
 
 # Dependencies first: the builder wrote this list in load order. Drivers for hardware the VM
-# does not have load anyway and stay idle; a missing one is not fatal, a missing disk is.
+# does not have are skipped when the command line names them (each load costs the boot), else
+# they load and stay idle; a missing one is not fatal, a missing disk is.
 while read -r module; do
+    name="${module##*/}"
+    case ",$skip," in *",${name%.ko},"*) continue ;; esac
     [ -n "$module" ] && insmod "/lib/modules/$module" 2>/dev/null
 done < /etc/virtlab-modules
 
@@ -64,6 +71,12 @@ done
 
 mount -t "$rootfstype" -o "$rootmode" "$root" /newroot || fail "cannot mount $root ($rootfstype)"
 [ -x "/newroot$guest_init" ] || fail "$guest_init is missing from $root"
+
+# What udev would add to /dev, made here by busybox (cheaper than the tree's own programs).
+ln -sfn /proc/self/fd /dev/fd
+ln -sfn /proc/self/fd/0 /dev/stdin
+ln -sfn /proc/self/fd/1 /dev/stdout
+ln -sfn /proc/self/fd/2 /dev/stderr
 
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys

@@ -65,6 +65,13 @@ def load_order(
     return order, missing
 
 
+def module_dependencies(
+    table: dict[str, tuple[str, tuple[str, ...]]], names: list[str]
+) -> dict[str, list[str]]:
+    """Each of ``names`` -> the modules it needs loaded first (its closure, by name)."""
+    return {name: [module_name(dep) for dep in table[name][1]] for name in names if name in table}
+
+
 def builtin_modules(text: str) -> set[str]:
     """Names in ``modules.builtin``: drivers compiled into the kernel, nothing to load."""
     return {module_name(line.strip()) for line in text.splitlines() if line.strip()}

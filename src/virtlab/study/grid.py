@@ -35,7 +35,7 @@ from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
 from virtlab.study.lanes import run_by_host
-from virtlab.study.measure import before_trial, error_log, measure_inside, stage
+from virtlab.study.measure import before_trial, error_log, measure_inside, placed_directory, stage
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.study.peers import CellServers, measure_peers
 from virtlab.study.preflight import no_room, preflight
@@ -361,8 +361,11 @@ class GridStudy(Study):
                 or counts.get((env_name, workload_name), 0) >= self.plan.study.trials
             ):
                 continue
+            environment = self.environments[env_name]
             directory = getattr(workload.params, "directory", ".")
-            free = self.environments[env_name].free_space_now_mb(directory)
+            free = environment.free_space_now_mb(
+                placed_directory(environment.data_directory(), workload) or directory
+            )
             if free is not None and free < needed:
                 kind = next(env.kind for env in self.plan.environments if env.name == env_name)
                 where = f"environment {env_name!r}, workload {workload_name!r}"

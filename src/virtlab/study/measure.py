@@ -6,9 +6,11 @@ trial (``before_trial``), both untimed."""
 from __future__ import annotations
 
 import io
+import posixpath
 import secrets
 import tarfile
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from virtlab.environments import Environment, EnvironmentError_, EnvironmentLost
@@ -32,7 +34,28 @@ def trial_command(environment: Environment, workload: Workload) -> list[str]:
     return workload.command_in(environment.bin_dir, environment.options.offers(SerialConsole) is not None)
 
 
+def placed_directory(data_mount: str | None, workload: Workload) -> str | None:
+    """Where a storage workload works: its relative directory on an environment's data disk
+    (``data_mount``) when there is one; None for a workload without a directory."""
+    directory = getattr(workload.params, "directory", None)
+    if directory is None or data_mount is None or not workload.measures_storage or posixpath.isabs(directory):
+        return directory
+    return posixpath.normpath(posixpath.join(data_mount, directory))
+
+
+def on_data_disk(environment: Environment, workload: Workload) -> Workload:
+    """A storage workload with a relative directory placed on the environment's data disk, when it
+    has one (a VM's); any other workload unchanged."""
+    directory = placed_directory(environment.data_directory(), workload)
+    if directory == getattr(workload.params, "directory", None):
+        return workload
+    return workload.rebuilt(workload.params.model_copy(update={"directory": directory}))
+
+
 def measure_inside(environment: Environment, workload: Workload) -> list[Sample]:
+    """One trial of ``workload``; a storage workload's samples say which disk they were measured on
+    (``disk``), where the environment has more than one."""
+    workload = on_data_disk(environment, workload)
     before_trial(environment, workload)
     argv = trial_command(environment, workload)
     limit = find(environment.abilities(), MemoryLimit)
@@ -54,9 +77,13 @@ def measure_inside(environment: Environment, workload: Workload) -> list[Sample]
     if result.exit_code != 0:
         raise TrialFailure(result.status(), result.log())
     try:
-        return workload.parse(result.stdout)
+        samples = workload.parse(result.stdout)
     except ParseError as error:
         raise TrialFailure(f"output not understood: {error}", result.log()) from None
+    disk = environment.measured_disk(workload.params.directory) if workload.measures_storage else None  # type: ignore[attr-defined]
+    if disk is None:
+        return samples
+    return [replace(sample, metadata={**sample.metadata, "disk": disk}) for sample in samples]
 
 
 def stage(environment: Environment, workload: Workload) -> None:

@@ -21,6 +21,7 @@ from virtlab.image import ImageSpec
 from virtlab.image.packages import image_spec
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec, load_plan
 from virtlab.storage import uses_nfs
+from virtlab.study.measure import placed_directory
 from virtlab.workloads._peer import PeerWorkload
 
 
@@ -32,9 +33,11 @@ def space_problems(env: EnvironmentSpec, spec: WorkloadSpec, out_dir: Path) -> l
     directory = getattr(spec.workload.params, "directory", None)
     if not needed or directory is None:
         return []
+    # checked where it will run (a VM's data disk), named as the plan names it
+    placed = placed_directory(env.cls.data_mount, spec.workload) or directory
     where = f"environment {env.name!r}, workload {spec.name!r}"
     try:
-        free_mb = env.cls.free_space_mb(env.options, directory, out_dir / "environments" / env.name)
+        free_mb = env.cls.free_space_mb(env.options, placed, out_dir / "environments" / env.name)
     except OSError as error:
         return [f"{where}: directory {directory!r}: {error.strerror}"]
     if free_mb is None or free_mb >= needed:

@@ -89,6 +89,9 @@ class Workload(ABC):
     cache_sensitive: ClassVar[bool] = False
     """Storage workloads: the runner drops the host's page cache before each trial, so that a
     VM's virtual disk is not read from the host's memory (the guest drops its own)."""
+    measures_storage: ClassVar[bool] = False
+    """Works in ``params.directory``: an environment with a disk of its own for measurements (a
+    VM's data disk) takes a relative directory there (``Environment.data_directory``)."""
 
     def __init__(self, params: WorkloadParams | None = None) -> None:
         self.params = params if params is not None else self.Params()

@@ -41,8 +41,10 @@ class DiskParams(WorkloadParams):
         default=".",
         min_length=1,
         description="the directory tested, in the environment: '.' is its working directory (native: "
-        "its directory under the results directory; container: /mnt, a host directory; VM: the "
-        "guest's root disk); the files go into a fresh subdirectory that is removed afterwards",
+        "its directory under the results directory; container: /mnt, a host directory; VM: its "
+        "data disk, of the plan's image_format, preallocate, disk_bus and disk_size_mb; an absolute "
+        "directory in a VM is on its system disk); the files go into a fresh subdirectory that is "
+        "removed afterwards",
     )
 
     storage: Literal["local", "nfs"] = Field(
@@ -85,6 +87,7 @@ class DiskWorkload(Workload):
 
     kernels: ClassVar[tuple[str, ...]] = (KERNEL,)
     cache_sensitive: ClassVar[bool] = True
+    measures_storage: ClassVar[bool] = True
     params: DiskParams
 
     @property
