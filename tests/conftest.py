@@ -65,6 +65,13 @@ HEAVIEST_FIRST = (
     "test_fault_injection_more",
     "test_network_workloads",
     "test_lab_study",
+    # 2026-12-02, measured alone by their authors under load: hostile inventories through four
+    # commands (474 s with the lab's missing parts), a disk that stops answering on three buses (328 s),
+    # run filters on real studies (351 s)
+    "test_hostile_inventories",
+    "test_vm_disk_hang",
+    "test_lab_missing_parts",
+    "test_filters",
     # the user's own workload (2026-12-01, measured alone): a script in four environment kinds
     # (135 s), a package's benchmark and a server package in a container and a VM (60 s, and the
     # one extra guest image, 122 s, whichever of these three modules comes first), the image itself
