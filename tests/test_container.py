@@ -370,8 +370,7 @@ CRASHING_OWNER = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from virtlab.build import build_kernels
-    from virtlab.environments.abilities import cgroup_oom_kills
-from virtlab.environments.container import ContainerEnvironment, ContainerOptions
+    from virtlab.environments.container import ContainerEnvironment, ContainerOptions
     env = ContainerEnvironment("crash", ContainerOptions(cpus=1, memory_mb=64), Path(sys.argv[2]))
     env.provision(build_kernels(out_root=Path(sys.argv[1])))
     print(json.dumps([env.container_id, env.cgroup_paths, env._network.netns, str(env.scratch)]), flush=True)
