@@ -900,8 +900,6 @@ class GuestVmEnvironment(Environment):
     ) -> Any:
         """``agent.execute``, one request at a time."""
         with self._agent_lock:
-            if watch is None:
-                return agent.execute(command, arguments, timeout=timeout)
             return agent.execute(command, arguments, timeout=timeout, watch=watch)
 
     def _wait_exec(
