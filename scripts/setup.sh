@@ -1,11 +1,30 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian 12 machine: system packages, the Python environment,
 # the C kernels. Safe to run again; it only installs what is missing.
+#   scripts/setup.sh           everything: every environment kind, workload and test
+#   scripts/setup.sh --study   only what the built-in default study needs (run-default-study.sh):
+#                              about a third of the packages, and virtlab without its test tools
+#   scripts/setup.sh --list [--study]   print the packages it would install, install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Packages the tool and its tests use. Kept in one place: scripts/debian-packages.txt.
-mapfile -t packages < <(grep -v '^\s*#' scripts/debian-packages.txt | awk 'NF {print $1}')
+scope=all list=no
+for argument in "$@"; do
+    case $argument in
+        --study) scope=study ;;
+        --list) list=yes ;;
+        *) echo "setup: unknown option $argument (options: --study, --list)" >&2; exit 2 ;;
+    esac
+done
+
+# Packages the tool and its tests use. Kept in one place: scripts/debian-packages.txt, where a
+# second word "study" marks what the default study needs.
+mapfile -t packages < <(grep -v '^\s*#' scripts/debian-packages.txt |
+    awk -v scope="$scope" 'NF && (scope == "all" || $2 == "study") {print $1}')
+if [[ $list == yes ]]; then
+    printf '%s\n' "${packages[@]}"
+    exit 0
+fi
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -38,10 +57,18 @@ done
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-stamp=.venv/.virtlab-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+# The default study needs virtlab alone; everything adds the tests' tools and libvirt's binding
+# (built against libvirt-dev). A full set-up after a study one installs the rest.
+if [[ $scope == study ]]; then
+    stamp=.venv/.virtlab-installed-study requirement=.
+else
+    stamp=.venv/.virtlab-installed requirement='.[dev,libvirt]'
+fi
+full=.venv/.virtlab-installed
+fresh() { [[ -f $1 && ! pyproject.toml -nt $1 ]]; }
+if ! fresh "$stamp" && ! fresh "$full"; then
     .venv/bin/pip install -q --upgrade pip
-    .venv/bin/pip install -q -e '.[dev,libvirt]'
+    .venv/bin/pip install -q -e "$requirement"
     touch "$stamp"
 fi
 # Build the C kernels now, so that the first study does not pay for it.

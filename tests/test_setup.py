@@ -22,16 +22,18 @@ from virtlab import doctor, fleet, network, nfs, testhost, testlibvirtd
 from virtlab.environments import ENVIRONMENTS
 from virtlab.image.builder import IMAGE_TOOLS
 from virtlab.image.disk import DISK_TOOLS
+from virtlab.plan import load_plan
 from virtlab.workloads import WORKLOADS
 
 PACKAGE_LIST = Path(__file__).parents[1] / "scripts" / "debian-packages.txt"
+SET_UP = PACKAGE_LIST.parent / "setup.sh"
 
 
-def listed_packages(text: str) -> set[str]:
-    """The packages of debian-packages.txt: first word of each line, comments and blanks ignored."""
-    return {
-        line.split()[0] for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")
-    }
+def listed_packages(text: str, scope: str = "all") -> set[str]:
+    """The packages of debian-packages.txt: first word of each line, comments and blanks ignored;
+    with scope "study", only those whose second word is "study" (what ``setup.sh --study`` reads)."""
+    rows = [line.split() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return {row[0] for row in rows if scope == "all" or row[1:2] == ["study"]}
 
 
 def declared_tools() -> dict[str, str]:
@@ -66,10 +68,27 @@ def found(tool: str) -> str | None:
 
 
 def test_the_package_list_parses_as_set_up_reads_it():
-    assert listed_packages("# a comment\nfio\n  \nnuttcp  # why\n") == {"fio", "nuttcp"}
+    text = "# a comment\nfio\n  \nnuttcp  # why\nrunc study\n"
+    assert listed_packages(text) == {"fio", "nuttcp", "runc"}
+    assert listed_packages(text, "study") == {"runc"}
     packages = listed_packages(PACKAGE_LIST.read_text())
     for package in ("fio", "iperf3", "nuttcp", "hdparm", "sysbench", "busybox"):
         assert package in packages
+
+
+@pytest.mark.parametrize("scope", ["all", "study"])
+def test_set_up_lists_the_packages_this_file_reads(scope):
+    """scripts/setup.sh's own reading of the list (awk over it) gives the same packages as here."""
+    argv = ["bash", str(SET_UP), "--list"] + (["--study"] if scope == "study" else [])
+    listed = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    assert set(listed) == listed_packages(PACKAGE_LIST.read_text(), scope)
+    assert len(listed) == len(set(listed))
+
+
+def test_set_up_refuses_an_unknown_option_before_installing_anything():
+    done = subprocess.run(["bash", str(SET_UP), "--studdy"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "unknown option --studdy" in done.stderr and "--study" in done.stderr
 
 
 def test_the_declared_tools_include_every_workloads_and_every_kinds():
@@ -179,6 +198,45 @@ def test_every_declared_tool_comes_from_a_package_set_up_installs():
         if package is None or package not in provided:
             strays.append(f"{tool} ({who}) at {path}: from {package or 'no package'}")
     assert not strays, f"not installed by scripts/setup.sh; list their packages in {PACKAGE_LIST}: {strays}"
+
+
+def default_study_tools() -> dict[str, str]:
+    """Every host program the built-in default study runs -> who runs it: its environments' kinds,
+    its workloads, the guest image's build and disk, virtlab's network, and the two that no table
+    declares: the C compiler of the kernels and lz4, which unpacks Debian's kernel for a PVH boot."""
+    plan = load_plan()
+    tools = {"cc": "virtlab.build (the C kernels)", "lz4": "virtlab.image.pvh (Debian's kernel is lz4)"}
+    for spec in plan.environments:
+        for tool in ENVIRONMENTS.get(spec.kind).host_tools:
+            tools.setdefault(tool, f"environment {spec.kind}")
+    for spec in plan.workloads:
+        for tool in WORKLOADS.get(spec.kind).tools:
+            tools.setdefault(tool, f"workload {spec.kind}")
+    for owner_name, table in (
+        ("the image builder", IMAGE_TOOLS),
+        ("the image disk", DISK_TOOLS),
+        ("virtlab.network", network.TOOLS),
+    ):
+        for tool in table:
+            tools.setdefault(tool, owner_name)
+    return tools
+
+
+def test_the_default_study_needs_only_what_set_up_for_a_study_installs():
+    """``setup.sh --study`` (what run-default-study.sh runs) installs enough for the default study:
+    each program it runs comes from a package marked "study", one those pull in, or an Essential one."""
+    assert {"runc", "qemu-system-x86_64", "mmdebstrap", "cc", "lz4"} <= set(default_study_tools())
+    depends, base = installed_packages()
+    study = listed_packages(PACKAGE_LIST.read_text(), "study")
+    provided = dependency_closure(study, depends) | dependency_closure(base, depends)
+    strays = []
+    for tool, who in sorted(default_study_tools().items()):
+        path = found(tool)
+        package = owner(path) if path else None
+        if package is None or package not in provided:
+            strays.append(f"{tool} ({who}) at {path}: from {package or 'no package'}")
+    assert not strays, f'mark their packages "study" in {PACKAGE_LIST}: {strays}'
+    assert len(study) < len(listed_packages(PACKAGE_LIST.read_text())) / 2
 
 
 # -- under CI, only a fact of the hardware or kernel may skip ----------------------------------
