@@ -57,12 +57,13 @@ done
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
-# The default study needs virtlab alone; everything adds the tests' tools and libvirt's binding
-# (built against libvirt-dev). A full set-up after a study one installs the rest.
+# The default study needs virtlab alone; everything adds the tests' tools, libvirt's binding (built
+# against libvirt-dev), ansible-core (inventories) and the Kubernetes client (kind = "pod").
+# A full set-up after a study one installs the rest.
 if [[ $scope == study ]]; then
     stamp=.venv/.virtlab-installed-study requirement=.
 else
-    stamp=.venv/.virtlab-installed requirement='.[dev,libvirt]'
+    stamp=.venv/.virtlab-installed requirement='.[dev,libvirt,lab,pod]'
 fi
 full=.venv/.virtlab-installed
 fresh() { [[ -f $1 && ! pyproject.toml -nt $1 ]]; }

@@ -340,7 +340,10 @@ def _print_plugin(name: str, summary: str, model: type) -> None:
 
 
 def _report_broken(registry: Registry) -> None:
-    """The third-party plugins that cannot be loaded, after the listing of the others: exit 2."""
+    """After the listing of the others: the built-in plugins this installation lacks a package for
+    (a note), then the third-party plugins that cannot be loaded (exit 2)."""
+    for missing in registry.unavailable():
+        typer.echo(f"not available here: {missing.where} {missing.problem} ({missing.fix})", err=True)
     broken = registry.broken()
     for error in broken:
         typer.echo(f"virtlab: {error.message()}", err=True)

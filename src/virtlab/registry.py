@@ -4,7 +4,10 @@ A registry refuses a second plugin under a name already taken, and answers an
 unknown name with the list of valid ones, so that a typo in a plan gets a fix and
 not a KeyError. Third-party plugins arrive through the entry point group given to
 the registry (``virtlab.workloads``, ``virtlab.environments``); one that cannot be loaded is kept
-aside with the reason (``broken``), so that it costs only the plans that name it.
+aside with the reason (``broken``), so that it costs only the plans that name it. A built-in plugin
+whose optional Python package is not installed (``scripts/setup.sh --study`` leaves out the
+Kubernetes client, for one) is kept aside the same way (``unavailable``), as a fact of the
+installation rather than an error.
 """
 
 from __future__ import annotations
@@ -42,6 +45,19 @@ class PluginLoadError(InputError):
         )
 
 
+class MissingDependencyError(InputError):
+    """A built-in plugin whose module needs a Python package this installation lacks."""
+
+    def __init__(self, kind: str, name: str, package: str) -> None:
+        self.package = package
+        super().__init__(
+            f"{kind} {name!r}",
+            f"needs the Python package {package!r}, which is not installed",
+            "run scripts/setup.sh, which installs virtlab with every optional part "
+            "(scripts/setup.sh --study, for the default study, leaves some out)",
+        )
+
+
 class Registry(Generic[T]):
     def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
         self.kind = kind
@@ -49,6 +65,7 @@ class Registry(Generic[T]):
         self._plugins: dict[str, T] = {}
         self._lazy: dict[str, str] = {}
         self._broken: dict[str, PluginLoadError] = {}
+        self._unavailable: dict[str, MissingDependencyError] = {}
         self._entry_points_loaded = False
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -79,11 +96,20 @@ class Registry(Generic[T]):
         self._load_entry_points()
         if name in self._broken:
             raise self._broken[name]
+        if name in self._unavailable:
+            raise self._unavailable[name]
         if name not in self._plugins and name in self._lazy:
             module_name, _, attribute = self._lazy[name].partition(":")
-            # Importing the module registers the plugin under its own name.
-            plugin = getattr(importlib.import_module(module_name), attribute)
-            self._plugins.setdefault(name, plugin)
+            try:
+                # Importing the module registers the plugin under its own name.
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as error:
+                package = (error.name or "").partition(".")[0]
+                if package in ("", "virtlab"):
+                    raise  # virtlab's own module missing is a bug, not an installation's choice
+                self._unavailable[name] = MissingDependencyError(self.kind, name, package)
+                raise self._unavailable[name] from None
+            self._plugins.setdefault(name, getattr(module, attribute))
         try:
             return self._plugins[name]
         except KeyError:
@@ -99,11 +125,21 @@ class Registry(Generic[T]):
         self._load_entry_points()
         return [self._broken[name] for name in sorted(self._broken)]
 
+    def unavailable(self) -> list[MissingDependencyError]:
+        """The built-in plugins found so far to need a Python package that is not installed
+        (iterating the registry finds them all)."""
+        return [self._unavailable[name] for name in sorted(self._unavailable)]
+
     def __iter__(self) -> Iterator[tuple[str, T]]:
-        """Every plugin that can be loaded, by name (``broken`` lists the others)."""
+        """Every plugin that can be loaded, by name (``broken`` and ``unavailable`` list the others)."""
         for name in self.names():
-            if name not in self._broken:
-                yield name, self.get(name)
+            if name in self._broken:
+                continue
+            try:
+                plugin = self.get(name)
+            except MissingDependencyError:
+                continue
+            yield name, plugin
 
     def __contains__(self, name: object) -> bool:
         self._load_entry_points()

@@ -57,10 +57,18 @@ def load_inventory(path: Path) -> tuple[Host, ...]:
         raise InputError(str(path), "no such inventory file", _FIX)
     source = str(path.resolve())  # ansible-core wants an absolute path
     with _quiet_ansible() as said:
-        from ansible.errors import AnsibleError
-        from ansible.inventory.manager import InventoryManager
-        from ansible.parsing.dataloader import DataLoader
-        from ansible.vars.manager import VariableManager
+        try:
+            from ansible.errors import AnsibleError
+            from ansible.inventory.manager import InventoryManager
+            from ansible.parsing.dataloader import DataLoader
+            from ansible.vars.manager import VariableManager
+        except ModuleNotFoundError as error:
+            raise InputError(
+                str(path),
+                f"reading an Ansible inventory needs ansible-core, which is not installed ({error})",
+                "run scripts/setup.sh, which installs virtlab with every optional part "
+                "(scripts/setup.sh --study, for the default study, leaves it out)",
+            ) from None
 
         # What Ansible said while it set itself up (it cannot patch a StringIO for fork-safety,
         # which is as well: virtlab's own stdout and stderr stay as they are) is not about the file.
