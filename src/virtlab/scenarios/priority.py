@@ -35,13 +35,13 @@ One trial of a configuration provisions all its guests at once (``virtlab.study.
 every study provisions, bounded by this machine's memory; ``[study] provision_parallel`` fewer). A
 VM's guest init runs the workload from the kernel command line (``virtlab.run``) right after the
 guest is up, its output to a file in the guest; a container's workload starts right after the
-container, stopped until its controls are applied. A host-only configuration runs the workload as
-a process of this host, held the same way (``kill -STOP`` in its shell) until its controls are on, its output to a
-file of the results directory; it is sampled from that point with its children, as a container
-is. Every guest's host process (QEMU, or the container's process tree)
-is sampled by one ``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the
-guest's CPUs running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``.
-Controls are applied to the process (and a VM's vCPU threads) as soon as it exists.
+container, stopped until its controls are applied. A host-only configuration runs the workload as a
+process of this host, held the same way (``kill -STOP`` in its shell) until its controls are on, its
+output to a file of the results directory; it is sampled from that point with its children, as a
+container is. Every guest's host process (QEMU, or the container's process tree) is sampled by one
+``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the guest's CPUs
+running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``. Controls are
+applied to the process (and a VM's vCPU threads) as soon as it exists.
 
 A trial counts only when every guest finished: then each guest's times are stored as a trial of
 the cell (``<configuration>/guest<i>``, workload), and the trial's timeline under a study key. A

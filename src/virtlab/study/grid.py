@@ -272,7 +272,8 @@ class GridStudy(Study):
                 if controls is not None:
                     controls.process_started(pid)
                 if usage is not None:
-                    usage.process_started(spec.name, environment, pid)
+                    with self._usage_lock:  # environments provisioning side by side start theirs at once
+                        usage.process_started(spec.name, environment, pid)
             except Exception as error:  # noqa: BLE001 - must never break the command it reports
                 self.progress.note(f"{spec.name}: host process {pid}: {error}")
 

@@ -136,12 +136,23 @@ def run_by_host(
         # Nothing new starts; the running tasks end on their own and their results are kept. A
         # Ctrl-C inside submit can leave a task running on a thread the pool has not recorded yet
         # (shutdown does not wait for it): wait for every task that began until it has ended.
-        pool.shutdown(wait=True, cancel_futures=True)
-        while not begun <= ended:
-            time.sleep(_SETTLE_S)
+        _settle(pool, begun, ended)
         deliver()
         raise
     finally:
         pool.shutdown(wait=True)
     if error is not None:
         raise error
+
+
+def _settle(pool: ThreadPoolExecutor, begun: set[int], ended: set[int]) -> None:
+    """Waits until every task that began has ended, whatever further Ctrl-C comes meanwhile: a task
+    whose result were dropped would leave what it made (a VM half-provisioned) to nobody."""
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            while not begun <= ended:
+                time.sleep(_SETTLE_S)
+            return
+        except KeyboardInterrupt:
+            continue
