@@ -27,7 +27,7 @@ from virtlab.environments.container import ContainerOptions
 from virtlab.environments.native import NativeOptions
 from virtlab.environments.vm import VmOptions
 from virtlab.plan import parse_plan
-from virtlab.study import run_study
+from virtlab.study import provisioning, run_study
 from virtlab.study.provisioning import (
     ProvisionBudget,
     available_memory_mb,
@@ -72,11 +72,19 @@ def test_available_memory_is_memavailable_in_mib():
     assert available_memory_mb("MemTotal: 1000 kB\n") is None
 
 
-def test_the_host_budget_defaults_to_the_usable_cpus_and_available_memory():
-    budget = host_budget()
-    assert budget.slots == len(os.sched_getaffinity(0))
-    assert budget.memory_mb == available_memory_mb(Path("/proc/meminfo").read_text())
+def test_the_host_budget_defaults_to_the_usable_cpus_and_available_memory(tmp_path, monkeypatch):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO)
+    monkeypatch.setattr(provisioning, "MEMINFO", meminfo)
+    assert host_budget() == ProvisionBudget(len(os.sched_getaffinity(0)), 22306)
     assert host_budget(3, 700) == ProvisionBudget(3, 700)
+    assert host_budget(memory_mb=700) == ProvisionBudget(len(os.sched_getaffinity(0)), 700)
+    monkeypatch.setattr(provisioning, "MEMINFO", tmp_path / "absent")
+    assert host_budget(2) == ProvisionBudget(2, None)  # no meminfo: memory does not bound them
+    monkeypatch.undo()
+    # This machine's own figure is its /proc/meminfo's (which moves a little between two reads).
+    here = available_memory_mb(Path("/proc/meminfo").read_text())
+    assert host_budget().memory_mb == pytest.approx(here, rel=0.05)
 
 
 def test_each_kind_claims_its_memory_mb_and_one_without_claims_nothing():
