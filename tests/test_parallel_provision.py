@@ -69,6 +69,7 @@ Buffers:          127468 kB
 
 def test_available_memory_is_memavailable_in_mib():
     assert available_memory_mb(MEMINFO) == 22306  # 22,841,344 kB
+    assert isinstance(available_memory_mb(MEMINFO), int)
     assert available_memory_mb("MemTotal: 1000 kB\n") is None
 
 
@@ -131,7 +132,7 @@ def side_by_side(items, budget, recorder, **kwargs):
         lambda item: item[2],
         lambda item: item[1],
         start=lambda item: recorder.order.append(item[0]),
-        done=lambda item, result: done.append(result),
+        done=lambda item, result: done.append(result) if item[0] == result else None,
         **kwargs,
     )
     return done
@@ -162,6 +163,12 @@ def test_another_hosts_environments_keep_one_at_a_time_beside_this_machines():
     side_by_side(items, ProvisionBudget(1, None), recorder, max_parallel_hosts=2)
     assert not recorder.overlap("r1", "r2")  # one host, its own order
     assert recorder.overlap("r1", "h1") and recorder.overlap("r1", "s1")
+
+
+def test_other_hosts_go_at_most_max_parallel_hosts_at_once_by_default_one():
+    recorder = Recorder(0.3)
+    side_by_side([("r1", "lab1", 0), ("s1", "lab2", 0)], ProvisionBudget(4, None), recorder)
+    assert recorder.most == 1 and recorder.order == ["r1", "s1"]
 
 
 def test_once_stopped_nothing_more_starts():

@@ -51,9 +51,6 @@ class ProvisionBudget:
             return False
         return self.memory_mb is None or sum(claims) + claim <= self.memory_mb
 
-    def describe(self) -> dict[str, int | None]:
-        return {"slots": self.slots, "memory_mb": self.memory_mb}
-
 
 def memory_claim_mb(options: EnvironmentOptions) -> int:
     """The memory an environment of ``options`` takes from this machine once up, in MiB: its
