@@ -160,7 +160,7 @@ def test_memory_that_fits_one_makes_them_one_after_another():
 def test_another_hosts_environments_keep_one_at_a_time_beside_this_machines():
     recorder = Recorder(0.5)
     items = [("r1", "lab1", 0), ("r2", "lab1", 0), ("h1", None, 0), ("s1", "lab2", 0)]
-    side_by_side(items, ProvisionBudget(1, None), recorder, max_parallel_hosts=2)
+    side_by_side(items, ProvisionBudget(1, None), recorder, max_parallel_hosts=3)
     assert not recorder.overlap("r1", "r2")  # one host, its own order
     assert recorder.overlap("r1", "h1") and recorder.overlap("r1", "s1")
 
@@ -169,6 +169,12 @@ def test_other_hosts_go_at_most_max_parallel_hosts_at_once_by_default_one():
     recorder = Recorder(0.3)
     side_by_side([("r1", "lab1", 0), ("s1", "lab2", 0)], ProvisionBudget(4, None), recorder)
     assert recorder.most == 1 and recorder.order == ["r1", "s1"]
+    # This machine counts as a host: with one host at a time, a remote one waits for its own.
+    recorder = Recorder(0.3)
+    items = [("h1", None, 0), ("h2", None, 0), ("r1", "lab1", 0)]
+    side_by_side(items, ProvisionBudget(4, None), recorder)
+    assert recorder.overlap("h1", "h2") and not recorder.overlap("h1", "r1")
+    assert not recorder.overlap("h2", "r1")
 
 
 def test_once_stopped_nothing_more_starts():

@@ -91,13 +91,12 @@ def provision_side_by_side(
 ) -> None:
     """``run`` (a provisioning) of every item: those on this machine (``host_of`` None) side by side
     within ``budget``, those on another host one at a time per host, at most ``max_parallel_hosts``
-    hosts at once. ``start`` and ``done`` are called in this thread (``run_by_host``), which
-    provisions nothing itself unless only one item may run at a time; ``run`` must not raise.
-    Ctrl-C in this thread starts nothing more and waits for the provisionings under way (their
+    hosts at once (this machine one of them). ``start`` and ``done`` are called in this thread
+    (``run_by_host``), which provisions nothing itself unless only one item may run at a time; ``run``
+    must not raise. Ctrl-C in this thread starts nothing more and waits for the provisionings under way (their
     results are handed to ``done``, so that the caller tears each down). ``stop``, when set, starts
     nothing more either (for a caller whose Ctrl-C arrives in another thread)."""
-    here = [index for index, item in enumerate(items) if host_of(item) is None]
-    local = set(here)
+    local = {index for index, item in enumerate(items) if host_of(item) is None}
 
     def lane(index: int) -> frozenset[Hashable]:
         # Each environment of this machine is a lane of its own: the budget, not the lane, bounds them.
@@ -107,9 +106,12 @@ def provision_side_by_side(
     def admits(running: Sequence[int], index: int) -> bool:
         if stop is not None and stop.is_set():
             return False
-        if index not in local:
-            return sum(1 for i in running if i not in local) < max_parallel_hosts
-        return budget.admits([claim_of(items[i]) for i in running if i in local], claim_of(items[index]))
+        mine = [claim_of(items[i]) for i in running if i in local]
+        if index in local and mine:
+            return budget.admits(mine, claim_of(items[index]))
+        # A host more, this machine counted as one while any of its own provision.
+        hosts_busy = sum(1 for i in running if i not in local) + (1 if mine else 0)
+        return hosts_busy < max_parallel_hosts
 
     run_by_host(
         range(len(items)),
