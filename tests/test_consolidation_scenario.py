@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,23 @@ def test_consolidation_plan_with_containers(tmp_path):
         assert f"## {title}" in report
     html = (out / "report.html").read_text()
     assert html.count("<svg") == 2 and "total score" in html
+    # The 8 members of 2 tiles provisioned side by side within this machine's CPUs, as every study's
+    # environments are (virtlab.study.provisioning), from their stored windows.
+    members = [e["manifest"] for e in json.loads((out / "results.json").read_text())["environments"]
+               if e["name"].startswith("tiles2/")]  # fmt: skip
+    assert len(members) == 8
+    at_once = most_at_once([(m["provision_started_at"], m["provision_ended_at"]) for m in members])
+    assert min(2, len(os.sched_getaffinity(0))) <= at_once <= len(os.sched_getaffinity(0))
+
+
+def most_at_once(windows: list[tuple[float, float]]) -> int:
+    """The most windows open at one moment (an end before a start at the same instant)."""
+    events = sorted([(began, 1) for began, _ in windows] + [(ended, -1) for _, ended in windows])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 @needs_runc

@@ -112,6 +112,20 @@ class StudySpec(BaseModel):
         default=None, description="a study that is not a grid (e.g. priority), set up in a table of that name"
     )
     max_parallel_hosts: int = Field(default=8, ge=1, le=256, description=_MAX_PARALLEL_HOSTS)
+    provision_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="environments of this machine provisioned at the same time, at most (default: "
+        "its usable CPUs); 1: one after another",
+    )
+    provision_memory_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="the memory (MiB) the environments provisioning at the same time on this machine "
+        "may claim together, each its memory_mb (default: the machine's available memory); one "
+        "always starts when none is provisioning",
+    )
     peer_ports: str | None = Field(
         default=None,
         description='the ports the servers of network workloads listen on, "FIRST-LAST" (e.g. '

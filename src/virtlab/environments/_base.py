@@ -52,6 +52,13 @@ class EnvironmentOptions(BaseModel):
         """The ability of type ``wanted`` these options declare, or None."""
         return find(self.abilities(), wanted)
 
+    def memory_claim_mb(self) -> int | None:
+        """The memory an environment of these options takes from its host once up, in MiB (what
+        bounds how many provision at once); None: it declares none. Every kind that has one names
+        it ``memory_mb`` (a VM's memory, a container's or a pod's limit)."""
+        value = getattr(self, "memory_mb", None) if "memory_mb" in type(self).model_fields else None
+        return value if isinstance(value, int) else None
+
 
 _DF_TIMEOUT_S = 60.0
 _DPKG_TIMEOUT_S = 60.0
@@ -206,6 +213,8 @@ class Environment(ABC):
     options: EnvironmentOptions
     workdir: Path
     provision_s: float | None = field(default=None, init=False)
+    provision_window: tuple[float, float | None] | None = field(default=None, init=False)
+    """When the last provisioning began and ended (Unix time; the end None while it runs)."""
     # default_factory, not default: a plain function as a class attribute would be bound to the
     # instance (called with self first) until someone replaced it.
     say: Callable[[str], None] = field(default_factory=lambda: _ignore, init=False, repr=False)
@@ -308,8 +317,14 @@ class Environment(ABC):
         return found
 
     def provision(self, kernels: KernelBuild) -> None:
+        # Wall-clock ends too (the study puts them in the manifest): environments provisioned side
+        # by side are seen to overlap, or not, from what the study stored.
+        self.provision_window = (time.time(), None)
         started = time.monotonic()
-        self._create(kernels)
+        try:
+            self._create(kernels)
+        finally:
+            self.provision_window = (self.provision_window[0], time.time())
         self.provision_s = time.monotonic() - started
         self._provisioned = True
 

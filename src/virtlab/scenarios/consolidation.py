@@ -278,7 +278,8 @@ class ConsolidationScenario(TogetherStudy):
             readings.append(meter.stop())
 
         # The slot numbers a tile's client files and ports on the shared native side.
-        run_together(instances, self.kernels, load_side, lambda i: (i.group or 1) - 1, metered)
+        budget = self.provision_budget()
+        run_together(instances, self.kernels, load_side, lambda i: (i.group or 1) - 1, budget, metered)
         return instances, readings[0] if readings else None
 
     # -- the frame's parts

@@ -31,16 +31,17 @@ A plan::
     guests = 1
     host_only = true
 
-One trial of a configuration provisions all its guests at once, one thread each. A VM's guest init
-runs the workload from the kernel command line (``virtlab.run``) right after the guest is up, its
-output to a file in the guest; a container's workload starts right after the container, stopped
-until its controls are applied. A host-only configuration runs the workload as a process of this
-host, held the same way (``kill -STOP`` in its shell) until its controls are on, its output to a
-file of the results directory; it is sampled from that point with its children, as a container
-is. Every guest's host process (QEMU, or the container's process tree)
-is sampled by one ``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the
-guest's CPUs running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``.
-Controls are applied to the process (and a VM's vCPU threads) as soon as it exists.
+One trial of a configuration provisions all its guests at once (``virtlab.study.provisioning``, as
+every study provisions, bounded by this machine's memory; ``[study] provision_parallel`` fewer). A
+VM's guest init runs the workload from the kernel command line (``virtlab.run``) right after the
+guest is up, its output to a file in the guest; a container's workload starts right after the
+container, stopped until its controls are applied. A host-only configuration runs the workload as a
+process of this host, held the same way (``kill -STOP`` in its shell) until its controls are on, its
+output to a file of the results directory; it is sampled from that point with its children, as a
+container is. Every guest's host process (QEMU, or the container's process tree) is sampled by one
+``CpuSampler`` from its start, with phase marks: ``setup`` (process start to the guest's CPUs
+running), ``boot`` (to the workload's start), ``run`` (to its end), then ``teardown``. Controls are
+applied to the process (and a VM's vCPU threads) as soon as it exists.
 
 A trial counts only when every guest finished: then each guest's times are stored as a trial of
 the cell (``<configuration>/guest<i>``, workload), and the trial's timeline under a study key. A
@@ -50,6 +51,7 @@ trial where a guest failed is stored with its failure and its timeline, and run 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import os
 import shlex
@@ -92,6 +94,12 @@ from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study import Run, RunsStudy, StudyShape
 from virtlab.study.measure import trial_command
 from virtlab.study.preflight import kernels_unless
+from virtlab.study.provisioning import (
+    ProvisionBudget,
+    memory_claim_mb,
+    provision_side_by_side,
+    provision_window,
+)
 from virtlab.workloads import Workload
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
@@ -234,7 +242,9 @@ class Guest(ABC):
         self.observed_nice: list[int] | None = None
         self.observed_cgroup: str | None = None
         self._controls: Controls | None = None
-        self._provisioner: threading.Thread | None = None
+        self._provision_ended = threading.Event()
+        """Set when the trial's provisioner (``provision_guests``) is done with this guest: it
+        provisioned it, its provisioning failed, or it was never started (the trial stopped)."""
         self._provision_error: BaseException | None = None
         self._sampled = False
         self.done = threading.Event()
@@ -274,20 +284,25 @@ class Guest(ABC):
             "observed_cgroup": self.observed_cgroup,
         }
 
+    # -- provisioning, on the trial's provisioner's threads
+    def provision(self) -> None:
+        """The environment provisioned; its failure kept for the guest's thread. It must not raise."""
+        try:
+            self.environment.provision(self.kernels)
+        except BaseException as error:  # noqa: BLE001 - handed to the guest's thread
+            self._provision_error = error
+        finally:
+            self._provision_ended.set()
+
+    def not_provisioned(self) -> None:
+        """The provisioner will not start this guest (the trial is stopping)."""
+        if not self._provision_ended.is_set():
+            self._provision_error = _Stopped()
+            self._provision_ended.set()
+
     # -- steps shared by every kind
-    def _start_provisioning(self) -> None:
-        def provision() -> None:
-            try:
-                self.environment.provision(self.kernels)
-            except BaseException as error:  # noqa: BLE001 - handed to the guest's thread
-                self._provision_error = error
-
-        self._provisioner = threading.Thread(target=provision, name=f"provision-{self.name}", daemon=True)
-        self._provisioner.start()
-
     def _provisioned(self) -> bool:
-        assert self._provisioner is not None
-        if self._provisioner.is_alive():
+        if not self._provision_ended.is_set():
             return False
         if self._provision_error is not None:
             raise self._provision_error
@@ -354,11 +369,10 @@ class Guest(ABC):
         return ""
 
     def _finish(self) -> None:
-        if self._provisioner is not None:
-            self._provisioner.join()  # teardown only acts on a provisioned environment
+        self._provision_ended.wait()  # teardown only acts on a provisioned environment
         if self.error is None and not self.stopped:
             try:
-                self.manifest = self.environment.manifest()
+                self.manifest = {**self.environment.manifest(), **provision_window(self.environment)}
             except (EnvironmentError_, OSError) as error:
                 self.manifest = {"error": str(error)}
             self.setup_samples = self.environment.environment_samples()
@@ -390,7 +404,6 @@ class VmGuest(Guest):
     def _drive(self) -> None:
         env = self.environment
         self._console_at, self._console, self._partial, self._markers = 0, "", "", []
-        self._start_provisioning()
         pid = self._wait(lambda: env.ability(VcpuProcess).pid, _SETUP_TIMEOUT_S, "QEMU starting")
         self._start_sampling(pid)
         tids = self._wait(lambda: env.ability(VcpuProcess).vcpu_threads or None, 60, "QEMU's vCPU threads")
@@ -434,8 +447,7 @@ class VmGuest(Guest):
 
     def _check_alive(self) -> None:
         if self.pid is not None and self.environment.ability(VcpuProcess).pid is None:
-            if self._provisioner is not None:
-                self._provisioner.join(timeout=30)  # a failed provisioning ends QEMU: its error says why
+            self._provision_ended.wait(timeout=30)  # a failed provisioning ends QEMU: its error says why
             if self._provision_error is not None:
                 raise self._provision_error
             raise GuestFailure(f"{self.name}: QEMU ended during {self.phase}", self._diagnosis())
@@ -450,7 +462,6 @@ class ContainerGuest(Guest):
 
     def _drive(self) -> None:
         env = self.environment
-        self._start_provisioning()
         init = self._wait(
             lambda: env.ability(ContainerCgroups).init_pid, _SETUP_TIMEOUT_S, "the container starting"
         )
@@ -496,7 +507,6 @@ class HostGuest(Guest):
         self._shell: int | None = None
         self._result: Any = None
         self._run_error: BaseException | None = None
-        self._start_provisioning()
         self._wait(self._provisioned, _SETUP_TIMEOUT_S, "the host's working directory")
         output = env.workdir / HOST_OUTPUT
         command = shlex.join(trial_command(env, self.workload))
@@ -800,9 +810,16 @@ class PriorityScenario(RunsStudy):
             self._guest(configuration, index, sampler, stop) for index in range(1, configuration.guests + 1)
         ]
         threads = [threading.Thread(target=g.drive, name=f"guest-{g.name}", daemon=True) for g in guests]
+        provisioner = threading.Thread(
+            target=provision_guests,
+            args=(guests, self._trial_budget(configuration), stop),
+            name=f"provision-{configuration.name}",
+            daemon=True,
+        )
         started, t0 = time.time(), time.monotonic()
         for thread in threads:
             thread.start()
+        provisioner.start()
         try:
             _wait_for(guests)
         except KeyboardInterrupt:
@@ -815,6 +832,15 @@ class PriorityScenario(RunsStudy):
         return self._store_trial(
             configuration, repetition, guests, timeline.to_dict(), started, time.monotonic() - t0
         )
+
+    def _trial_budget(self, configuration: ConfigurationSpec) -> ProvisionBudget:
+        """This machine's budget for a trial's guests. The experiment is its guests competing from
+        their boot, so every guest starts at once unless the plan's provision_parallel says fewer;
+        memory still bounds them (a guest that does not fit waits for the others to be up)."""
+        budget = self.provision_budget()
+        if self.plan.study.provision_parallel is None:
+            budget = dataclasses.replace(budget, slots=configuration.guests)
+        return budget
 
     def _guest(
         self, configuration: ConfigurationSpec, index: int, sampler: CpuSampler, stop: threading.Event
@@ -922,6 +948,19 @@ class PriorityScenario(RunsStudy):
 
     def paper_figures_of(self, results: Results) -> dict[str, Figure]:
         return {**super().paper_figures_of(results), **priority_figures(results)}
+
+
+def provision_guests(guests: Sequence[Guest], budget: ProvisionBudget, stop: threading.Event) -> None:
+    """Every guest of a trial provisioned side by side within ``budget``, as every study provisions
+    (``provision_side_by_side``), while the guests' own threads watch theirs come up; once ``stop``
+    is set (Ctrl-C, a guest failed) no more start, and those left are told so."""
+    try:
+        provision_side_by_side(
+            guests, Guest.provision, budget, lambda g: memory_claim_mb(g.environment.options), stop=stop
+        )
+    finally:
+        for guest in guests:
+            guest.not_provisioned()
 
 
 def _wait_for(guests: Sequence[Guest]) -> None:

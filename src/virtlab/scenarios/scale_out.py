@@ -200,7 +200,8 @@ class ScaleOutScenario(TogetherStudy):
             instances.append(
                 Instance(cell, index, self.spec.kind, self.spec, environment, self.metric, repetition)
             )
-        run_together(instances, self.kernels, self.load_side, lambda i: (i.group or 1) - 1)
+        budget = self.provision_budget()
+        run_together(instances, self.kernels, self.load_side, lambda i: (i.group or 1) - 1, budget)
         self.store_instances(instances)
         return {
             "count": count,

@@ -4,10 +4,11 @@ the consolidation and the scale-out studies share.
 An ``Instance`` is one workload in one environment of one run, driven from its own thread: it
 provisions, measures (a peer workload, such as web or database, serves from its environment and is
 loaded from the native side; any other runs inside it) and tears down, keeping its failure as its
-own so that one instance's failure never takes the others down. ``all_at_once`` runs one step of
-every instance in parallel; ``store_instances`` stores each as a trial of its own cell, or as a
-failure with its log. ``TogetherStudy`` is the frame of such a study: its plan checks and the native
-load side (the study engine does the rest).
+own so that one instance's failure never takes the others down. Their environments are provisioned
+side by side within this machine's budget (``virtlab.study.provisioning``, as every study's);
+``all_at_once`` runs one step of every instance in parallel; ``store_instances`` stores each as a
+trial of its own cell, or as a failure with its log. ``TogetherStudy`` is the frame of such a
+study: its plan checks and the native load side (the study engine does the rest).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ from virtlab.study.base import now
 from virtlab.study.measure import measure_inside
 from virtlab.study.peers import measure_peers
 from virtlab.study.preflight import kernels_unless
+from virtlab.study.provisioning import (
+    ProvisionBudget,
+    memory_claim_mb,
+    provision_side_by_side,
+    provision_window,
+)
 from virtlab.workloads._peer import Link, PeerWorkload
 
 LOAD_SIDE = "native"
@@ -126,6 +133,8 @@ class Instance:
         """The environment's manifest (when it ran), then its teardown, whatever happened before."""
         try:
             self.manifest = self.environment.manifest() if self.error is None else None
+            if self.manifest is not None:
+                self.manifest |= provision_window(self.environment)
         except (EnvironmentError_, OSError) as error:
             self.manifest = {"error": str(error)}
         try:
@@ -160,14 +169,21 @@ def run_together(
     kernels: KernelBuild,
     load_side: Environment,
     slot: Callable[[Instance], int],
+    budget: ProvisionBudget,
     measured: Callable[[Callable[[], None]], None] | None = None,
 ) -> None:
-    """Provisions every instance at once and, when all are up, measures them all at once, then tears
-    them all down. When one fails to provision, none is measured (the run would not be the one
-    asked for). ``measured`` wraps the measuring window (an energy meter, say): it is called with
-    the measurement as its one argument."""
+    """Provisions every instance side by side within ``budget`` (as a grid study provisions its
+    environments) and, when all are up, measures them all at once, then tears them all down. When
+    one fails to provision, none is measured (the run would not be the one asked for). ``measured``
+    wraps the measuring window (an energy meter, say): it is called with the measurement as its one
+    argument."""
     try:
-        all_at_once(instances, lambda i: i.provision(kernels))
+        provision_side_by_side(
+            instances,
+            lambda i: i.guarded(lambda: i.provision(kernels)),
+            budget,
+            lambda i: memory_claim_mb(i.environment.options),
+        )
         if all(i.error is None for i in instances):
             measure = lambda: all_at_once(instances, lambda i: i.measure(load_side, slot(i)))  # noqa: E731
             if measured is None:

@@ -51,6 +51,7 @@ from virtlab.scenario_kinds import PlanProblem
 from virtlab.schedule import Task
 from virtlab.store import ResultStore
 from virtlab.study.outcome import StudyOutcome
+from virtlab.study.provisioning import ProvisionBudget, host_budget
 
 GRID = "grid"
 """The name of the study that is not a scenario: the environment x workload grid."""
@@ -128,6 +129,12 @@ class Study(ABC):
     @abstractmethod
     def environment_order(self) -> list[str]:
         """The environments in the order the reports show them."""
+
+    def provision_budget(self) -> ProvisionBudget:
+        """What this machine gives to the environments the study provisions at once (``[study]
+        provision_parallel`` and ``provision_memory_mb``, else its CPUs and available memory)."""
+        study = self.plan.study
+        return host_budget(study.provision_parallel, study.provision_memory_mb)
 
     def tools(self) -> set[str]:
         """The host tools whose versions the metadata records."""

@@ -39,6 +39,7 @@ from virtlab.study.measure import before_trial, error_log, measure_inside, place
 from virtlab.study.outcome import UNAVAILABLE, TrialFailure
 from virtlab.study.peers import CellServers, measure_peers
 from virtlab.study.preflight import no_room, preflight
+from virtlab.study.provisioning import memory_claim_mb, provision_side_by_side, provision_window
 from virtlab.usage import USAGE_KEY, StudyUsage, append_run
 from virtlab.workloads import Workload
 from virtlab.workloads._peer import PeerWorkload
@@ -130,10 +131,11 @@ class GridStudy(Study):
 
     # -- environments ------------------------------------------------------------------
     def _provision_all(self) -> None:
-        """Every environment provisioned, as trials run: those on different hosts side by side (at
-        most max_parallel_hosts at once), each host's one after another in plan order, so that a lab
-        starts in the time of its slowest host, not of all of them in turn. What is stored and shown
-        happens in this thread; only provision itself runs on a host's own thread."""
+        """Every environment provisioned: this machine's side by side within its budget
+        (``virtlab.study.provisioning``), those of each other host one after another in plan order,
+        hosts side by side (at most max_parallel_hosts at once), so that a study starts in the time
+        of its slowest environments, not of all of them in turn. What is stored and shown happens in
+        this thread; provision itself runs on a worker's thread."""
         made: dict[str, tuple[Environment, EnvironmentControls | None]] = {}
 
         def start(spec: EnvironmentSpec) -> None:
@@ -176,8 +178,15 @@ class GridStudy(Study):
         for spec in self.plan.environments:
             if spec.name not in needed:
                 self.progress.note(f"{spec.name}: every trial of it is stored; not provisioned again")
-        run_by_host(
-            specs, lambda s: self._lane(s.name), provision, self.max_parallel_hosts, start, provisioned
+        provision_side_by_side(
+            specs,
+            provision,
+            self.provision_budget(),
+            lambda s: memory_claim_mb(s.options),
+            lambda s: None if self.host_of[s.name] == THIS_MACHINE else self.host_of[s.name],
+            self.max_parallel_hosts,
+            start,
+            provisioned,
         )
         # Plan order, whichever host was ready first: teardown follows it.
         up = self.environments
@@ -210,6 +219,7 @@ class GridStudy(Study):
         controls: EnvironmentControls | None,
         manifest: dict[str, Any],
     ) -> None:
+        manifest = {**manifest, **provision_window(environment)}
         if controls is not None:
             manifest = {**manifest, "control": controls.record()}
         if spec.power_plan is not None:
@@ -262,7 +272,8 @@ class GridStudy(Study):
                 if controls is not None:
                     controls.process_started(pid)
                 if usage is not None:
-                    usage.process_started(spec.name, environment, pid)
+                    with self._usage_lock:  # environments provisioning side by side start theirs at once
+                        usage.process_started(spec.name, environment, pid)
             except Exception as error:  # noqa: BLE001 - must never break the command it reports
                 self.progress.note(f"{spec.name}: host process {pid}: {error}")
 

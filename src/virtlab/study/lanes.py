@@ -67,6 +67,7 @@ def run_by_host(
     max_parallel: int,
     start: Callable[[T], None] = lambda task: None,
     done: Callable[[T, R], None] = lambda task, result: None,
+    admits: Callable[[Sequence[T], T], bool] | None = None,
 ) -> None:
     """Runs every task, each host's in planned order, tasks on different hosts at once (at most
     ``max_parallel``). ``start`` and ``done`` are called in this thread, just before a task runs and
@@ -74,11 +75,16 @@ def run_by_host(
     ``run`` may be called in another. With one host, or ``max_parallel`` 1, everything runs in this
     thread, in planned order. ``run`` must not raise (a task's failure is its result); if it does,
     no new task starts, the running ones end (``done`` is called for them), and the first error is
-    raised here. Ctrl-C in this thread waits for the running tasks (their results are kept)."""
+    raised here. Ctrl-C in this thread waits for the running tasks (their results are kept).
+    ``admits(running, task)``, when given, must also agree before a ready task starts (the memory
+    of the environments provisioning at once); a task it refuses waits for a later turn, and when
+    nothing runs and it refuses every ready task, the tasks left are not run."""
     involved = [hosts_of(task) for task in tasks]
     queues = host_queues(involved)
     if len(queues) <= 1 or max_parallel <= 1:
         for task in tasks:
+            if admits is not None and not admits([], task):
+                return
             start(task)
             done(task, run(task))
         return
@@ -109,7 +115,11 @@ def run_by_host(
             if error is None:
                 # Only as many as there are free workers: a task never waits queued, so that a
                 # Ctrl-C starts nothing more.
-                for index in ready(queues, involved, busy)[: max_parallel - len(running)]:
+                for index in ready(queues, involved, busy):
+                    if len(running) >= max_parallel:
+                        break
+                    if admits is not None and not admits([tasks[i] for i in running.values()], tasks[index]):
+                        continue
                     busy |= involved[index]
                     start(tasks[index])
                     running[pool.submit(work, index)] = index
@@ -126,12 +136,23 @@ def run_by_host(
         # Nothing new starts; the running tasks end on their own and their results are kept. A
         # Ctrl-C inside submit can leave a task running on a thread the pool has not recorded yet
         # (shutdown does not wait for it): wait for every task that began until it has ended.
-        pool.shutdown(wait=True, cancel_futures=True)
-        while not begun <= ended:
-            time.sleep(_SETTLE_S)
+        _settle(pool, begun, ended)
         deliver()
         raise
     finally:
         pool.shutdown(wait=True)
     if error is not None:
         raise error
+
+
+def _settle(pool: ThreadPoolExecutor, begun: set[int], ended: set[int]) -> None:
+    """Waits until every task that began has ended, whatever further Ctrl-C comes meanwhile: a task
+    whose result were dropped would leave what it made (a VM half-provisioned) to nobody."""
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            while not begun <= ended:
+                time.sleep(_SETTLE_S)
+            return
+        except KeyboardInterrupt:
+            continue
