@@ -110,7 +110,17 @@ _CONSOLE_TAIL_CHARS = 8000
 """What is kept of a VM guest's serial console for a failure's log."""
 _SETUP_TIMEOUT_S = 900.0
 """Process start at the latest this long after provisioning began (5 disk copies at once are slow)."""
-_GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
+_GRID_KEYS = (
+    "trials",
+    "warmups",
+    "order",
+    "seed",
+    "target_cov_pct",
+    "until",
+    "min_trials",
+    "max_trials",
+    "baseline",
+)
 
 
 # --------------------------------------------------------------------------- the plan's [priority]

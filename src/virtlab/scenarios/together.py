@@ -239,7 +239,17 @@ def with_duration(spec: WorkloadSpec, duration_s: int) -> WorkloadSpec:
 
 # --------------------------------------------------------------------------- the studies' frame
 
-_GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
+_GRID_KEYS = (
+    "trials",
+    "warmups",
+    "order",
+    "seed",
+    "target_cov_pct",
+    "until",
+    "min_trials",
+    "max_trials",
+    "baseline",
+)
 MEMBER_KINDS = ("container", "vm")
 
 
