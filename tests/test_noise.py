@@ -101,3 +101,34 @@ def test_aa_noise_pairs_the_rounds_both_sides_have_and_skips_the_set_up():
     assert row.sigma == pytest.approx(noise.log_ratio_sigma([1.0, 4.0, 16.0], [1.0, 4.0, 8.0]))
     setup = [cell("native", [0], [1.0], "environment"), cell("native-again", [0], [1.0], "environment")]
     assert aa_noise(setup, "native", "native-again") == []
+
+
+def test_log_ratio_sigma_of_a_drifted_series_and_a_baseline_of_0():
+    # log ratios log 2, log 4 (= 2 log 2): mean 1.5 log 2, sd log 2 / sqrt 2
+    assert noise.log_ratio_sigma([2.0, 4.0], [1.0, 1.0]) == pytest.approx(math.log(2) / math.sqrt(2))
+    assert noise.log_ratio_sigma([1.0, 1.0], [1.0, 0.0]) is None
+
+
+def test_the_detectable_difference_has_80_percent_power_at_every_size():
+    for n in (2, 3, 4, 5, 8, 12, 30, 100):
+        for sigma in (0.001, 0.02, 0.3):
+            effect = math.log(1 + noise.detectable_difference_pct(sigma, n) / 100)
+            assert noise.paired_t_power(effect, sigma, n) == pytest.approx(0.8, abs=1e-6), (n, sigma)
+
+
+def test_power_far_in_the_tail_of_one_degree_of_freedom_is_at_most_1():
+    # scipy's noncentral t gives nan for the far lower tail here: it counts as nothing
+    assert 0.8 < noise.paired_t_power(0.0118, 0.001, 2) <= 1.0
+
+
+def test_cell_noise_keeps_where_it_is():
+    row = noise.cell_noise("primes", "real_s", [1.0, 1.2], [1.1, 1.0])
+    assert (row.workload, row.metric) == ("primes", "real_s")
+    assert row.to_dict() == {
+        "workload": "primes",
+        "metric": "real_s",
+        "trials": 2,
+        "cov_pct": list(row.cov_pct),
+        "sigma_log_ratio": row.sigma,
+        "detectable_pct": {"5": row.detectable_pct[0][1], "12": row.detectable_pct[1][1]},
+    }

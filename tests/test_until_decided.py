@@ -100,6 +100,8 @@ def test_next_targets_take_the_most_any_undecided_cell_of_a_workload_asks_for_ca
         Undecided("vm", "x", "t", "native", 12, 30),  # at max_trials: nothing more
     ]
     assert next_targets(undecided, 12) == {"w": 9, "v": 12}
+    # whatever the order: a cell at max_trials first, the larger ask before the smaller
+    assert next_targets([undecided[3], undecided[1], undecided[0], undecided[2]], 12) == {"w": 9, "v": 12}
     assert next_targets([], 12) == {}
     assert stayed_undecided(undecided, 12) == [undecided[3]]
     assert stayed_undecided(undecided, 13) == []

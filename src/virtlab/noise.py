@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from virtlab import stats
+
 ALPHA = 0.05
 POWER = 0.80
 DETECTABLE_AT = (5, 12)
@@ -98,13 +100,8 @@ class CellNoise:
 
 
 def _cov_pct(values: Sequence[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    mean = sum(values) / len(values)
-    if mean == 0:
-        return None
-    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1))
-    return sd / abs(mean) * 100.0
+    cov = stats.summarize(values).cov
+    return cov * 100.0 if cov is not None else None
 
 
 def cell_noise(

@@ -79,6 +79,13 @@ _MAX_PARALLEL_HOSTS = (
 )
 
 
+GRID_REPETITION_KEYS = (
+    "trials", "warmups", "order", "seed", "target_cov_pct", "until", "decided_by", "min_trials", "max_trials",
+    "baseline",
+)  # fmt: skip
+"""The [study] keys of a grid's cells and their repetition, which a scenario's plan refuses."""
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
