@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from virtlab import stats
+from virtlab import noise, stats
 from virtlab.baselines import PER_HOST
 from virtlab.results import ENVIRONMENT_KIND, FORMAT_VERSION
 from virtlab.results.model import ROUND_ORDERS
@@ -258,6 +258,13 @@ def build_results(
         verdict=study.get("verdict", "interval"),
         rounds_together=study.get("order", "interleave") in ROUND_ORDERS,
     )  # fmt: skip
+    extra = {}
+    if study.get("aa_twin") and study.get("baseline"):  # virtlab run --aa
+        rows = aa_noise(cells, study["baseline"], study["aa_twin"])
+        extra["aa_noise"] = {
+            "baseline": study["baseline"], "twin": study["aa_twin"],
+            "alpha": noise.ALPHA, "power": noise.POWER, "cells": [row.to_dict() for row in rows],
+        }  # fmt: skip
     return {
         "version": FORMAT_VERSION,
         "study": dict(study),
@@ -281,4 +288,25 @@ def build_results(
         ],  # fmt: skip
         "hosts": list(hosts),
         "host_differences": host_differences(hosts),
+        **extra,
     }
+
+
+def aa_noise(cells: Sequence[dict[str, Any]], baseline: str, twin: str) -> list[noise.CellNoise]:
+    """The host's noise per workload x metric of an A/A study: the ``twin`` cell's trials against
+    the ``baseline``'s, paired on the rounds both have (an environment's own set-up is left out)."""
+    by_key = {(c["environment"], c["workload"], c["metric"]): c for c in cells}
+    rows = []
+    for cell in cells:
+        other = by_key.get((twin, cell["workload"], cell["metric"]))
+        if cell["environment"] != baseline or other is None or cell["kind"] == ENVIRONMENT_KIND:
+            continue
+        mine = dict(zip(cell["rounds"], cell["trials"], strict=True))
+        theirs = dict(zip(other["rounds"], other["trials"], strict=True))
+        common = sorted(set(mine) & set(theirs))
+        rows.append(
+            noise.cell_noise(
+                cell["workload"], cell["metric"], [theirs[k] for k in common], [mine[k] for k in common]
+            )
+        )
+    return rows

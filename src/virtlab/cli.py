@@ -104,6 +104,14 @@ def run(
         str | None,
         typer.Option("--baseline", help="the environment overheads are against, in place of the plan's"),
     ] = None,
+    aa: Annotated[
+        bool,
+        typer.Option(
+            "--aa",
+            help="an A/A study: the plan's baseline environment twice, the report giving this host's "
+            "noise per cell and the smallest difference 5 and 12 trials can detect (docs/verdicts.md)",
+        ),
+    ] = False,
 ) -> None:
     """Run a study and write results.sqlite, results.json, results.csv, report.md and report.html."""
     from virtlab.filters import PlanFilters, filter_plan
@@ -135,6 +143,10 @@ def run(
             check_image(study_plan)
             typer.echo(study_plan.text, nl=False)
             return
+    if aa:
+        from virtlab.aa import aa_plan
+
+        study_plan = aa_plan(study_plan)
     if out is None:
         out = (latest_out_dir(study_plan) if resume else None) or default_out_dir(study_plan)
     # A log (CI, `| tee`) gets plain lines; a live bar there would show nothing until the end.

@@ -79,6 +79,13 @@ _MAX_PARALLEL_HOSTS = (
 )
 
 
+GRID_REPETITION_KEYS = (
+    "trials", "warmups", "order", "seed", "target_cov_pct", "until", "decided_by", "min_trials", "max_trials",
+    "baseline",
+)  # fmt: skip
+"""The [study] keys of a grid's cells and their repetition, which a scenario's plan refuses."""
+
+
 class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -105,6 +112,16 @@ class StudySpec(BaseModel):
     seed: int = Field(default=0, description="seed of the shuffled order")
     target_cov_pct: float | None = Field(
         default=None, gt=0, description="adaptive: add trials while the spread is above this"
+    )
+    until: Literal["decided"] | None = Field(
+        default=None,
+        description='"decided": add interleaved rounds while any verdict is ? (undecided), from '
+        "min_trials up to max_trials a cell (docs/verdicts.md)",
+    )
+    decided_by: Literal["every-cell", "headline"] = Field(
+        default="every-cell",
+        description='until = "decided" looks at: "every-cell", every judged metric; "headline", each '
+        "workload's headline metric only (its declared one, else the first it reports)",
     )
     min_trials: int | None = Field(default=None, ge=1, description="adaptive: trials before checking")
     max_trials: int | None = Field(default=None, ge=1, description="adaptive: never more than this")
@@ -192,21 +209,48 @@ class StudySpec(BaseModel):
 
     @model_validator(mode="after")
     def _adaptive_bounds(self) -> StudySpec:
-        if self.target_cov_pct is None and (self.min_trials or self.max_trials):
-            raise ValueError("min_trials/max_trials need target_cov_pct (adaptive repetition)")
-        if self.target_cov_pct is not None and self.max_trials is not None:
-            if self.max_trials < (self.min_trials or self.trials):
-                raise ValueError("max_trials must be at least min_trials (or trials)")
+        if not self.adaptive and (self.min_trials or self.max_trials):
+            raise ValueError(
+                'min_trials/max_trials need until = "decided" or target_cov_pct (adaptive repetition)'
+            )
+        if self.until is not None and self.target_cov_pct is not None:
+            raise ValueError(
+                'until = "decided" and target_cov_pct are two ways of adding trials: remove one of them'
+            )
+        if self.until is None and "decided_by" in self.model_fields_set:
+            raise ValueError(
+                'decided_by says what until = "decided" looks at: add until = "decided" or remove it'
+            )
+        if self.until is not None and self.verdict == "point":
+            raise ValueError(
+                'until = "decided" needs verdict = "interval" (a point verdict is never ?, undecided, so '
+                'no round would ever be added): remove verdict = "point" or until'
+            )
+        if self.until is not None and self.first_trials < 2:
+            raise ValueError(
+                'until = "decided" needs min_trials (or trials) of 2 or more: an interval needs 2 '
+                "trials a side"
+            )
+        if self.adaptive and self.max_trials is not None and self.max_trials < self.first_trials:
+            raise ValueError(
+                f"max_trials ({self.max_trials}) must be at least min_trials (or trials), "
+                f"{self.first_trials}: raise max_trials or lower min_trials"
+            )
         return self
 
     @property
+    def adaptive(self) -> bool:
+        """Whether the study adds trials beyond its first ones (``until`` or ``target_cov_pct``)."""
+        return self.until is not None or self.target_cov_pct is not None
+
+    @property
     def first_trials(self) -> int:
-        """Trials every cell gets before adaptive repetition looks at the spread."""
-        return self.min_trials or self.trials if self.target_cov_pct is not None else self.trials
+        """Trials every cell gets before adaptive repetition looks at the spread or the verdicts."""
+        return self.min_trials or self.trials if self.adaptive else self.trials
 
     @property
     def trial_limit(self) -> int:
-        if self.target_cov_pct is None:
+        if not self.adaptive:
             return self.trials
         return self.max_trials or 3 * self.first_trials
 
@@ -287,6 +331,8 @@ class Plan:
     a [paper] row may name (``_names_in_every_version``)."""
     left_out: LeftOut | None = None
     """What ``virtlab run``'s filters left out (``virtlab.filters``); None: the plan's whole grid."""
+    aa_twin: str | None = None
+    """``virtlab run --aa``: the name of the baseline's duplicate (``virtlab.aa``); None otherwise."""
 
     @property
     def peers_only(self) -> tuple[str, ...]:

@@ -52,11 +52,28 @@ def plan_rounds(
     """
     counts = {cell: len(numbers) for cell, numbers in stored.items()}
     pending = pending_cells(cells, counts, trials)
-    rounds: list[list[Task]] = [
-        [Task(env, workload, None) for env, workload in pending] for _ in range(warmups)
-    ]
-    for index in range(trials):
-        tasks = [Task(env, wl, index) for env, wl in pending if index not in stored.get((env, wl), ())]
+    return rounds_to(pending, stored, dict.fromkeys(pending, trials), pending, warmups, order, seed)
+
+
+def rounds_to(
+    cells: Sequence[Cell],
+    stored: Mapping[Cell, Collection[int]],
+    targets: Mapping[Cell, int],
+    warm: Collection[Cell],
+    warmups: int,
+    order: Literal["interleave", "shuffle"] = "interleave",
+    seed: int = 0,
+) -> list[list[Task]]:
+    """Rounds bringing each of ``cells`` to its own number of trials in ``targets`` (none for a
+    cell not in it), round k running trial k of every cell that lacks it; first ``warmups`` rounds
+    of warm-ups of the cells in ``warm``. ``shuffle`` shuffles each round by ``seed``."""
+    rounds: list[list[Task]] = [[Task(env, workload, None) for env, workload in warm] for _ in range(warmups)]
+    for index in range(max(targets.values(), default=0)):
+        tasks = [
+            Task(env, wl, index)
+            for env, wl in cells
+            if index < targets.get((env, wl), 0) and index not in stored.get((env, wl), ())
+        ]
         if tasks:
             rounds.append(tasks)
     if order == "shuffle":

@@ -86,6 +86,8 @@ def render_markdown(results: Results | Mapping[str, Any]) -> str:
     parts += table_section(report.verdict)
     if report.noise is not None:
         parts += table_section(report.noise)
+    if report.host_noise is not None:
+        parts += table_section(report.host_noise)
     if report.hosts is not None and report.host_differences is not None:  # a study beyond this machine
         parts += table_section(report.hosts)
         parts += table_section(report.host_differences)

@@ -208,6 +208,8 @@ class Report:
     paper: tuple[Table, ...] = ()
     """Against the paper: the published figures and the findings judged (:mod:`virtlab.export.paper`)."""
     noise: Table | None = None
+    host_noise: Table | None = None
+    """An A/A study's noise of this host per cell (:mod:`virtlab.export.host_noise`); None otherwise."""
     """Whether each environment differs from its baseline beyond the noise (Mann-Whitney U on the raw
     trials); None when there is nothing to judge (only baselines)."""
     hosts: Table | None = None
@@ -539,6 +541,10 @@ def verdict_beside(ctx: ReportContext, cell: ResultCell) -> str:
     """What a verdict cell shows after the mark: for a ?, the trials that would decide it; where the
     study reproduces a paper (a ``paper`` section) and marks by the interval, the paper's (point) mark."""
     parts = []
+    if ctx.study.until == "decided":  # each cell got its own number of trials
+        parts.append(f"{len(cell.trials)} trials")
+        if cell.undecided and ctx.study.max_trials and len(cell.trials) >= ctx.study.max_trials:
+            parts.append("undecided at max_trials")
     if cell.undecided:
         parts.append(f"about {cell.trials_to_decide} trials" if cell.trials_to_decide else "not decidable")
     if ctx.study.verdict == "interval" and ctx.results.has_section("paper") and cell.point_verdict:
@@ -562,7 +568,30 @@ def interval_verdict_words(ctx: ReportContext, pct: str) -> str:
     )
     if ctx.results.has_section("paper"):
         how += " \u201cpaper\u201d: the mark by the point estimate, as the paper's Table 15 marked."
-    return how
+    return how + until_decided_words(ctx)
+
+
+def until_decided_words(ctx: ReportContext) -> str:
+    """What the verdict caption says of a study repeated until decided: how it added trials, and
+    which cells stayed undecided at max_trials; "" for a study of a fixed number of trials."""
+    study = ctx.study
+    if study.until != "decided":
+        return ""
+    words = (
+        f' Repeated until decided ([study] until = "decided"): interleaved rounds were added while '
+        f"any mark was {stats.MARK_UNDECIDED}, from {study.min_trials} to at most {study.max_trials} "
+        "trials a cell; each mark says how many its cell got."
+    )
+    if study.decided_by == "headline":
+        words += ' Only each workload\'s headline metric was looked at ([study] decided_by = "headline").'
+    stuck = [
+        f"{cell.workload} {cell.metric} @ {cell.environment}"
+        for cell in ctx.cells.values()
+        if cell.undecided and study.max_trials and len(cell.trials) >= study.max_trials
+    ]
+    if stuck:
+        words += f" Undecided at max_trials ({study.max_trials}): {', '.join(stuck)}."
+    return words
 
 
 def format_overhead(overhead: float, ci95: tuple[float, float] | None) -> str:

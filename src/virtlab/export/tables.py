@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from virtlab import stats
+from virtlab.export.host_noise import host_noise_table
 from virtlab.export.hosts import host_differences_table, hosts_table
 from virtlab.export.iotables import io_tables_of
 from virtlab.export.paper import paper_tables
@@ -88,6 +89,8 @@ def results_table(ctx: ReportContext) -> Table:
         rows.append(tuple(cells))
     trials = ctx.study.trials
     of = f" of {trials} trials" if trials else ""
+    if ctx.study.until == "decided":
+        of = f" of {ctx.study.min_trials}-{ctx.study.max_trials} trials (the Verdict table gives each cell's)"
     return Table(
         key="results",
         title="Results",
@@ -457,7 +460,10 @@ def _shown_failure(failure: ResultFailure, workloads: Sequence[str], reason: str
 def _study_line(ctx: ReportContext) -> str:
     s = ctx.study
     parts = []
-    if s.trials:
+    if s.until == "decided":
+        warm_text = f" + {s.warmups} warm-up" if s.warmups else ""
+        parts.append(f"{s.min_trials}-{s.max_trials} trials{warm_text} per cell, until decided")
+    elif s.trials:
         warm_text = f" + {s.warmups} warm-up" if s.warmups else ""
         parts.append(f"{s.trials} trials{warm_text} per cell")
     parts.append(f"reduction {ctx.reduction} ({_reduction_text(ctx)})")
@@ -540,6 +546,7 @@ def build_report(results: Results | Mapping[str, Any]) -> Report:
         trials_legend=trials_legend,
         paper=paper_tables(ctx.results),
         noise=noise_table(ctx),
+        host_noise=host_noise_table(ctx),
         hosts=hosts_table(ctx),
         host_differences=host_differences_table(ctx),
         preset_line=preset_line(ctx.study),

@@ -152,6 +152,15 @@ class Study:
     preset_description: str | None = None
     filters: Mapping[str, Any] | None = None
     """What ``virtlab run``'s filters left out (``virtlab.filters.LeftOut``); None: the whole plan."""
+    until: str | None = None
+    """``decided``: rounds were added while any verdict was ?, from ``min_trials`` up to
+    ``max_trials`` a cell (``virtlab.until_decided``); None: every cell got ``trials``."""
+    aa_twin: str | None = None
+    """``virtlab run --aa``: the name of the baseline's twin (results ``aa_noise`` has the noise)."""
+    decided_by: str | None = None
+    """What ``until = "decided"`` looked at: ``every-cell`` or each workload's ``headline`` metric."""
+    min_trials: int | None = None
+    max_trials: int | None = None
 
 
 @dataclass(frozen=True)

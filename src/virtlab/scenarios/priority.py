@@ -84,7 +84,7 @@ from virtlab.environments.abilities import (
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.export.priority import write_priority_reports
 from virtlab.paper import Figure, NotMeasured, run_figures
-from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
+from virtlab.plan import GRID_REPETITION_KEYS, EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.results import Results
 from virtlab.results.priority import PHASES, TIMES, PrioritySection, build_section, change_pct
 from virtlab.sampler import CpuSampler, parse_stat
@@ -118,7 +118,6 @@ _CONSOLE_TAIL_CHARS = 8000
 """What is kept of a VM guest's serial console for a failure's log."""
 _SETUP_TIMEOUT_S = 900.0
 """Process start at the latest this long after provisioning began (5 disk copies at once are slow)."""
-_GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
 
 
 # --------------------------------------------------------------------------- the plan's [priority]
@@ -706,7 +705,7 @@ class PriorityScenario(RunsStudy):
         workloads: Sequence[WorkloadSpec],
     ) -> list[PlanProblem]:
         problems: list[PlanProblem] = []
-        for key in _GRID_KEYS:
+        for key in GRID_REPETITION_KEYS:
             if key in study.model_fields_set:
                 problems.append(
                     (f"study.{key}", "a priority study is not a grid of cells",

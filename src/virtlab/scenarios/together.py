@@ -26,7 +26,7 @@ from virtlab.environments import Environment, EnvironmentError_
 from virtlab.environments.abilities import BridgeNetwork
 from virtlab.environments.native import NativeEnvironment, NativeOptions
 from virtlab.paper import NotMeasured
-from virtlab.plan import EnvironmentSpec, Plan, StudySpec, WorkloadSpec
+from virtlab.plan import GRID_REPETITION_KEYS, EnvironmentSpec, Plan, StudySpec, WorkloadSpec
 from virtlab.progress import ProgressSink
 from virtlab.samples import ParseError, Sample
 from virtlab.scenario_kinds import PlanProblem
@@ -255,7 +255,6 @@ def with_duration(spec: WorkloadSpec, duration_s: int) -> WorkloadSpec:
 
 # --------------------------------------------------------------------------- the studies' frame
 
-_GRID_KEYS = ("trials", "warmups", "order", "seed", "target_cov_pct", "min_trials", "max_trials", "baseline")
 MEMBER_KINDS = ("container", "vm")
 
 
@@ -276,7 +275,7 @@ class TogetherStudy(RunsStudy):
     ) -> list[PlanProblem]:
         """Problems of the grid keys and of the one template environment (``member`` names its role)."""
         problems: list[PlanProblem] = []
-        for key in _GRID_KEYS:
+        for key in GRID_REPETITION_KEYS:
             if key in study.model_fields_set:
                 problems.append(
                     (f"study.{key}", f"{cls.what} is not a grid of cells",

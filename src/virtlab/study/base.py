@@ -263,6 +263,13 @@ class Study(ABC):
             "target_cov_pct": shape.target_cov_pct, "plan_file": self.plan.source,
             "plan_sha256": self.plan.sha256, "status": status,
         }  # fmt: skip
+        if self.plan.aa_twin is not None:  # virtlab run --aa: the report gives the host's noise
+            summary["aa_twin"] = self.plan.aa_twin
+        if study.until is not None:  # what the report says of the trials each cell got
+            summary |= {
+                "until": study.until, "decided_by": study.decided_by,
+                "min_trials": study.first_trials, "max_trials": study.trial_limit,
+            }  # fmt: skip
         if self.plan.preset is not None:
             summary |= {"preset": self.plan.preset, "preset_description": self.plan.preset_description}
         if self.plan.left_out is not None:

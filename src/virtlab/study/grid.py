@@ -8,6 +8,7 @@ runs through the peer protocol (``virtlab.study.peers``).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from virtlab import cpufreq, stats
+from virtlab import cpufreq, stats, until_decided
 from virtlab.build import KernelBuild
 from virtlab.control import ControlError
 from virtlab.control.environment import EnvironmentControls, controls_for
@@ -27,10 +28,10 @@ from virtlab.errors import InputError
 from virtlab.eta import Durations, remaining_s, stored_durations
 from virtlab.hostcache import drop_host_caches
 from virtlab.hosts import LOCAL_NAME
-from virtlab.outputs import Throttle, write_outputs
+from virtlab.outputs import Throttle, results_from_store, write_outputs
 from virtlab.plan import EnvironmentSpec, Plan, WorkloadSpec
 from virtlab.samples import Sample
-from virtlab.schedule import Cell, Task, cells_needing_more, next_trial, pending_cells, plan_rounds
+from virtlab.schedule import Cell, Task, cells_needing_more, next_trial, pending_cells, plan_rounds, rounds_to
 from virtlab.storage import SharedStorage, StorageUnavailable, uses_nfs
 from virtlab.store import FailureRecord, TrialRecord
 from virtlab.study.base import GRID, Study, StudyShape
@@ -88,7 +89,8 @@ class GridStudy(Study):
     # -- the study's parts
     def shape(self) -> StudyShape:
         study = self.plan.study
-        return StudyShape(study.trials, study.warmups, self.plan.baseline, study.order, study.target_cov_pct)
+        trials = study.first_trials
+        return StudyShape(trials, study.warmups, self.plan.baseline, study.order, study.target_cov_pct)
 
     def described_workloads(self) -> list[dict[str, Any]]:
         return [spec.describe() for spec in self.plan.workloads]
@@ -195,8 +197,9 @@ class GridStudy(Study):
     def _environments_needed(self) -> set[str]:
         """The environments a cell still lacking trials runs in, as its own or as a peer's: on a
         resumed study, one whose every cell is complete is not provisioned again (a VM not booted
-        again to run nothing). A study aiming at a spread may add trials to any cell: all of them."""
-        if self.plan.study.target_cov_pct is not None:
+        again to run nothing). A study that adds trials (a spread, decided verdicts) may add them to
+        any cell: all of them."""
+        if self.plan.study.adaptive:
             return {env.name for env in self.plan.environments}
         pending = pending_cells(self.cells, self.store.trial_counts(), self.plan.study.first_trials)
         needed = set()
@@ -410,6 +413,9 @@ class GridStudy(Study):
         self.progress.start(len(self._left))
         self.progress.remaining(self._time_left())
         self._run_tasks(rounds)
+        if study.until is not None:
+            self._until_decided({task.cell for tasks in rounds for task in tasks})
+            return
         if study.target_cov_pct is None:
             return
         while True:
@@ -425,6 +431,44 @@ class GridStudy(Study):
             self.progress.add_total(len(tasks))
             self.progress.remaining(self._time_left())
             self._run_tasks([tasks])
+
+    def _until_decided(self, warmed: set[Cell]) -> None:
+        """``[study] until = "decided"``: interleaved rounds added while any verdict is ? (the
+        decision is ``virtlab.until_decided``'s), judged from the stored trials, so that a resumed
+        study goes on where it stopped. ``warmed``: the cells that ran in this process already;
+        another gets its warm-ups before its first added trial (its environment is new)."""
+        study = self.plan.study
+        for batch in itertools.count(1):
+            lost = self.outcome.failed_cells | self.outcome.unavailable_cells
+            runnable = [
+                cell
+                for cell in self._runnable()
+                if cell not in lost and cell[0] not in self.outcome.failed_environments
+            ]
+            cells = results_from_store(self.store)["cells"]
+            skipped = set(self.cells) - set(runnable)
+            metrics = None
+            if study.decided_by == "headline":
+                declared = {name: spec.workload.headline_metric for name, spec in self.workloads.items()}
+                metrics = until_decided.headline_metrics(cells, declared)
+            undecided = until_decided.undecided_cells(cells, self.store.trial_counts(), skipped, metrics)
+            targets = until_decided.next_targets(undecided, study.trial_limit)
+            wanted = {cell: targets[cell[1]] for cell in runnable if cell[1] in targets}
+            fresh = [cell for cell in runnable if cell in wanted and cell not in warmed]
+            numbers = self.store.trial_numbers()
+            rounds = rounds_to(
+                runnable, numbers, wanted, fresh, study.warmups, study.order, study.seed + batch
+            )
+            tasks = [task for tasks in rounds for task in tasks]
+            if not any(task.trial is not None for task in tasks):
+                return
+            warmed |= set(fresh)
+            to = ", ".join(f"{workload} to {n}" for workload, n in targets.items())
+            self.progress.note(f"{len(undecided)} verdicts undecided: adding rounds ({to} trials a cell)")
+            self._left.extend(tasks)
+            self.progress.add_total(len(tasks))
+            self.progress.remaining(self._time_left())
+            self._run_tasks(rounds)
 
     def _spreads(self) -> dict[Cell, float | None]:
         values: dict[tuple[str, str, str], list[float]] = {}
@@ -490,7 +534,10 @@ class GridStudy(Study):
     def _label(self, task: Task) -> str:
         if task.trial is None:
             return task.label
-        planned = max(self.plan.study.first_trials, task.trial + 1)
+        study = self.plan.study
+        if study.until is not None:
+            return f"{task.label} (until decided, at most {study.trial_limit})"
+        planned = max(study.first_trials, task.trial + 1)
         return f"{task.label} of {planned}"
 
     def _measure_task(self, task: Task) -> TrialRecord | TrialFailure | None:
