@@ -20,7 +20,7 @@ from fault_kit import (
     assert_invariants,
     failures,
     finish,
-    iperf3_server_of,
+    iperf3_of,
     start,
     stored,
     wait_for,
@@ -70,8 +70,9 @@ def test_a_peers_server_killed_mid_trial_is_a_failure_with_its_log(tmp_path, gue
     plan.write_text(PEER_PLAN)
     study = start(plan, out)
     pids = {study.pid}
-    server = wait_for("an iperf3 server", lambda: iperf3_server_of(study.pid), study)
-    time.sleep(1.0)  # the client is sending by now
+    server = wait_for("an iperf3 server", lambda: iperf3_of(study.pid, "--server"), study)
+    wait_for("its client", lambda: iperf3_of(study.pid, "--client"), study)
+    time.sleep(0.5)  # the client is sending by now, for 2 s
     os.kill(server, signal.SIGKILL)
     _, stderr = study.communicate(timeout=PATIENCE_S)
     assert study.returncode == 1, stderr
