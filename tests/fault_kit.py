@@ -61,7 +61,7 @@ kind = "container"
 [[workload]]
 name = "iperf3"
 kind = "iperf3"
-duration_s = 4
+duration_s = 2
 """
 
 
@@ -193,9 +193,10 @@ def failure_stored(out: Path, env: str) -> bool:
         return False
 
 
-def iperf3_server_of(study_pid: int) -> int | None:
+def iperf3_of(study_pid: int, role: str) -> int | None:
+    """An iperf3 of the study's in ``role`` (``--server`` or ``--client``)."""
     for pid, line in cmdlines().items():
-        if line.startswith("iperf3") and "--server" in line:
+        if line.startswith("iperf3") and role in line.split():
             try:
                 session = os.getsid(pid)
             except OSError:

@@ -20,7 +20,7 @@ from fault_kit import (
     assert_invariants,
     failures,
     finish,
-    iperf3_server_of,
+    iperf3_of,
     start,
     stored,
     wait_for,
@@ -31,10 +31,14 @@ from virtlab import testhost
 @pytest.mark.slow
 def test_kill_9_at_random_moments_of_a_study_of_many_short_trials(tmp_path):
     plan, out = tmp_path / "plan.toml", tmp_path / "out"
-    trials = 2000  # enough that six strikes of up to 4 s each land before its end on a fast, idle host
+    # Each trial sleeps 25 ms besides the harness's own cost: 400 of them take 10 s at the least, on
+    # any host, longer than the six strikes below (9.95 s in all), without thousands of trials for
+    # the resume to finish where the harness is slow.
+    trials = 400
     plan.write_text(
         f'[study]\nname = "many"\ntrials = {trials}\nwarmups = 0\n'
-        '[[environment]]\nname = "native"\nkind = "native"\n[[workload]]\nname = "noop"\nkind = "noop"\n'
+        '[[environment]]\nname = "native"\nkind = "native"\n'
+        '[[workload]]\nname = "nap"\nkind = "command"\nargv = ["sleep", "0.025"]\n'
     )
     pids: set[int] = set()
     chance = random.Random(20261125)  # fixed: the same moments every run
@@ -52,9 +56,10 @@ def test_kill_9_at_random_moments_of_a_study_of_many_short_trials(tmp_path):
     assert kills >= 3, f"the study ended before it could be struck ({ended})"
     print(f"struck {kills} times")
     finish(plan, out, pids)
-    assert_invariants(out, trials, {("native", "noop")}, pids)
+    assert_invariants(out, trials, {("native", "nap")}, pids)
     cells = json.loads((out / "results.json").read_text())["cells"]
-    assert [len(c["trials"]) for c in cells if c["workload"] == "noop"] == [trials]
+    counts = {c["metric"]: len(c["trials"]) for c in cells if c["workload"] == "nap"}
+    assert counts == dict.fromkeys(("elapsed_s", "user_s", "sys_s"), trials), counts
 
 
 @pytest.mark.slow
@@ -65,8 +70,9 @@ def test_a_peers_server_killed_mid_trial_is_a_failure_with_its_log(tmp_path, gue
     plan.write_text(PEER_PLAN)
     study = start(plan, out)
     pids = {study.pid}
-    server = wait_for("an iperf3 server", lambda: iperf3_server_of(study.pid), study)
-    time.sleep(1.0)  # the client is sending by now
+    server = wait_for("an iperf3 server", lambda: iperf3_of(study.pid, "--server"), study)
+    wait_for("its client", lambda: iperf3_of(study.pid, "--client"), study)
+    time.sleep(0.5)  # the client is sending by now, for 2 s
     os.kill(server, signal.SIGKILL)
     _, stderr = study.communicate(timeout=PATIENCE_S)
     assert study.returncode == 1, stderr

@@ -240,7 +240,7 @@ def test_a_guest_writing_memory_arrives_intact(kernel_build, tmp_path):
     try:
         vm.boot()
         pid = vm.start([f"{GUEST_BIN}/malloc_access", "-d", "20", "-m", "128"])
-        time.sleep(3)  # init_s: the buffer is written once before the random increments start
+        _wait_for_resident(vm, pid, 128 << 20)  # init_s: the buffer is written once before the increments
         for policy in ("simple", "default"):
             profile = _profile(vm) if policy == "simple" else None
             result = migrate("vm1", vm.qemu, vm.destination(), profile, Optimizer(None, policy))
@@ -250,3 +250,18 @@ def test_a_guest_writing_memory_arrives_intact(kernel_build, tmp_path):
         assert check == "intact", evidence
     finally:
         vm.stop()
+
+
+def _wait_for_resident(vm: LiveVm, pid: int, size: int, timeout_s: float = 60.0) -> None:
+    """Until the guest process ``pid`` holds ``size`` bytes resident (its buffer written once)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = vm.run(["cat", f"/proc/{pid}/status"], timeout_s=30)
+        assert status.exit_code == 0, status
+        resident_kib = next(
+            int(line.split()[1]) for line in status.stdout.splitlines() if line.startswith("VmRSS:")
+        )
+        if resident_kib << 10 >= size:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"guest process {pid} did not write its {size >> 20} MiB in {timeout_s:g} s")
