@@ -534,6 +534,9 @@ def test_manifest(vm, libvirtd):
     assert data.find("source").get("file") == str(vm.workdir / "data.qcow2")
     # libvirt opened the chain it was given: the base read-only beneath the overlay
     assert any(base in arg for arg in manifest["qemu_argv"])
+    # the uncompressed kernel entered directly, as the vm environment's
+    assert manifest["kernel_entry"] == "PVH entry of the uncompressed kernel"
+    assert ET.fromstring(manifest["domain_xml"]).findtext("os/kernel").endswith("/vmlinux")
     assert manifest["network"]["guest_driver"] == "virtio_net"
     assert Path(manifest["console_log"]).parent == vm.workdir
 

@@ -90,7 +90,7 @@ from virtlab.environments.guest_vm import (
 )
 from virtlab.hosts.guests import guest_interface
 from virtlab.hosts.libvirt_uri import uri_problem
-from virtlab.image import qemu_img_info
+from virtlab.image import pvh_kernel, qemu_img_info
 from virtlab.qemu import alive, start_ticks, tail, vcpu_threads_by_name
 from virtlab.qmp import GuestAgentError
 
@@ -999,17 +999,20 @@ class LibvirtEnvironment(GuestVmEnvironment):
         except ValueError as error:  # a command line longer than the kernel takes
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
         self.domain_name = domain_name(self.name, uuid.uuid4().hex[:8])
+        # The uncompressed kernel entered directly (PVH), as the vm environment's: no decompressor.
+        pvh, self._details["kernel_entry"] = pvh_kernel(image)
+        kernel = pvh or image.kernel
         if overlay:
             self._disk = self._make_system_disk(image, guest_kernels)
             assert self._data is not None
             files = DomainFiles(
-                kernel=str(image.kernel), initrd=str(image.initrd), disk=str(self._disk),
+                kernel=str(kernel), initrd=str(image.initrd), disk=str(self._disk),
                 console=str(self.workdir / CONSOLE_LOG), data=str(self._data),
                 backing=qemu_img_info(self._disk)["backing-filename"],
             )  # fmt: skip
         else:
             self._disk = self._make_disk(image, guest_kernels)
-            files = self._upload(pool, {"disk": self._disk, "kernel": image.kernel, "initrd": image.initrd})
+            files = self._upload(pool, {"disk": self._disk, "kernel": kernel, "initrd": image.initrd})
         local = is_local(self.options.uri)
         self._xml = domain_xml(
             self.options,
