@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+import marks
 from command_kit import check_command_runs
 from virtlab.environments import ENVIRONMENTS, EnvironmentError_
 from virtlab.environments.abilities import BridgeNetwork
@@ -42,7 +43,7 @@ from virtlab.environments.libvirt import (
     volume_xml,
 )
 from virtlab.environments.vm import CONSOLE_LOG, PORTABLE_MARCH, VmOptions, kernel_cmdline
-from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER
+from virtlab.image import INITRAMFS_ERROR_MARKER, READY_MARKER, qemu_img_info
 from virtlab.workloads.primes import Primes
 
 FILES = DomainFiles(
@@ -51,7 +52,14 @@ FILES = DomainFiles(
 HAS_BINDING = importlib.util.find_spec("libvirt") is not None
 needs_binding = pytest.mark.skipif(not HAS_BINDING, reason="libvirt-python is not installed")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a system libvirtd and the guest image need root")
-OWNER = Owner(pid=4242, start=777, host="lab-host", boot_id="b00t", workdir="/w", disk="/w/disk.qcow2")
+OWNER = Owner(
+    pid=4242, start=777, host="lab-host", boot_id="b00t", workdir="/w", disk="/w/system.qcow2",
+    data="/w/data.raw",
+)  # fmt: skip
+OVERLAY = DomainFiles(
+    kernel="/img/vmlinuz", initrd="/img/initrd.img", disk="/w/system.qcow2", console="/w/console.log",
+    backing="/img/disks/base.raw", data="/w/data.raw",
+)  # fmt: skip
 # A sanity bound, not a speed test: bench/boot_bench.py (bench/README.md) measured this domain's
 # boot at a median 11.2 s (the QMP VM's: 8.8 s) under TCG on 2 cores shared with another tenant's
 # VMs, 5.8-6.3 s on a quiet host; 45 s is 4x the busy median and still fails a libvirt that
@@ -59,10 +67,12 @@ OWNER = Owner(pid=4242, start=777, host="lab-host", boot_id="b00t", workdir="/w"
 BOOT_BOUND_S = 45.0
 
 
-def xml_of(accelerator: str = "tcg", name: str = "virtlab-t-1", **kwargs) -> ET.Element:
+def xml_of(
+    accelerator: str = "tcg", name: str = "virtlab-t-1", files: DomainFiles = FILES, **kwargs
+) -> ET.Element:
     extra = {key: kwargs.pop(key) for key in ("owner", "host_cells", "dac_label", "title") if key in kwargs}
     text = domain_xml(
-        LibvirtOptions(**kwargs), name=name, accelerator=accelerator, files=FILES, cmdline="console=ttyS0",
+        LibvirtOptions(**kwargs), name=name, accelerator=accelerator, files=files, cmdline="console=ttyS0",
         **extra,
     )  # fmt: skip
     return ET.fromstring(text)
@@ -155,6 +165,76 @@ def test_ide_is_sata_on_q35_and_one_disk_per_channel_on_pc(machine, expected):
     found = [(d["dev"], d["bus"], d["unit"] if machine == "q35" else d["ide_bus"]) for d in disks(domain)]
     assert found == expected
     assert "virtlab.root=/dev/sda" in kernel_cmdline(LibvirtOptions(machine=machine, disk_bus="ide"), "tcg")
+
+
+def backing_of(domain: ET.Element) -> list[tuple[str | None, str | None, bool] | None]:
+    """Each disk's backing store: (format, source file, whether it ends the chain), or None."""
+    found = []
+    for disk in domain.iterfind("devices/disk"):
+        store = disk.find("backingStore")
+        found.append(
+            None if store is None
+            else (store.find("format").get("type"), store.find("source").get("file"),
+                  store.find("backingStore") is not None and len(store.find("backingStore")) == 0)
+        )  # fmt: skip
+    return found
+
+
+def test_the_system_disk_is_an_overlay_on_the_base_and_the_data_disk_takes_the_plans_format():
+    domain = xml_of(files=OVERLAY, image_format="raw", preallocate=True, disk_cache="writeback")
+    assert disks(domain) == [
+        {"type": "file", "format": "qcow2", "cache": "writeback", "source": "/w/system.qcow2", "dev": "vda",
+         "bus": "virtio", "unit": None, "ide_bus": None},
+        {"type": "file", "format": "raw", "cache": "writeback", "source": "/w/data.raw", "dev": "vdb",
+         "bus": "virtio", "unit": None, "ide_bus": None},
+    ]  # fmt: skip
+    # the overlay's base named in the XML, raw, and the end of its chain; the data disk has none
+    assert backing_of(domain) == [("raw", "/img/disks/base.raw", True), None]
+    # a copy (an uploaded disk) has no backing store and is the one disk
+    assert backing_of(xml_of()) == [None]
+
+
+@pytest.mark.parametrize(
+    ("bus", "machine", "expected"),
+    [
+        ("virtio-blk", "q35", [("vda", "virtio", None), ("vdb", "virtio", None), ("vdc", "virtio", None)]),
+        ("virtio-scsi", "q35", [("vda", "virtio", None), ("sda", "scsi", "0"), ("sdb", "scsi", "1")]),
+        ("ide", "q35", [("vda", "virtio", None), ("sda", "sata", "0"), ("sdb", "sata", "1")]),
+        ("ide", "pc", [("vda", "virtio", None), ("hda", "ide", "0"), ("hdc", "ide", "1")]),
+    ],
+)
+def test_the_system_overlay_is_on_virtio_blk_and_the_data_and_block_disks_on_the_plans_bus(
+    bus, machine, expected
+):
+    domain = xml_of(
+        files=OVERLAY, disk_bus=bus, machine=machine, block_device="/dev/sdz", image_format="qcow2"
+    )
+    place = "unit" if bus != "ide" or machine == "q35" else "ide_bus"
+    assert [(d["dev"], d["bus"], d[place]) for d in disks(domain)] == expected
+    assert [(d["type"], d["format"], d["source"]) for d in disks(domain)] == [
+        ("file", "qcow2", "/w/system.qcow2"), ("file", "qcow2", "/w/data.raw"), ("block", "raw", "/dev/sdz"),
+    ]  # fmt: skip
+    scsi = [c for c in domain.iterfind("devices/controller") if c.get("type") == "scsi"]
+    assert len(scsi) == (1 if bus == "virtio-scsi" else 0)
+
+
+@marks.needs_tools("virt-xml-validate", "xmllint")
+def test_libvirts_schema_accepts_the_overlay_and_its_backing_store(tmp_path):
+    for bus in ("virtio-blk", "virtio-scsi"):
+        path = tmp_path / f"{bus}.xml"
+        path.write_text(
+            domain_xml(
+                LibvirtOptions(disk_bus=bus),
+                name="virtlab-o-1",
+                accelerator="tcg",
+                files=OVERLAY,
+                cmdline="c",
+            )
+        )
+        done = subprocess.run(
+            ["virt-xml-validate", str(path), "domain"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr + done.stdout
 
 
 def test_e1000_and_no_nic():
@@ -333,6 +413,11 @@ def vm(libvirtd, conn, guest_image, kernel_build, tmp_path_factory):
     env.teardown()
 
 
+def no_disks(workdir: Path) -> bool:
+    """Whether a failed provisioning left no disk (overlay, data disk or copy) in ``workdir``."""
+    return not [path for path in workdir.iterdir() if path.suffix in (".raw", ".qcow2")]
+
+
 def qemu_of(name: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -437,6 +522,21 @@ def test_manifest(vm, libvirtd):
     assert ET.fromstring(manifest["domain_xml"]).findtext("name") == vm.domain_name
     assert manifest["cores"] == 1 and 900 * 2**20 < manifest["memory_bytes"] <= 1024 * 2**20
     assert manifest["storage"]["format"] == "qcow2" and "/block/vda" in manifest["storage"]["root_sysfs"]
+    # the system disk an overlay on the image's cached base, as the vm environment's (issue 29)
+    storage = manifest["storage"]
+    assert storage["measured_disk"] == "data" and storage["data_disk"]["format"] == "qcow2"
+    assert storage["data_disk"]["guest_device"] == "/dev/vdb" and storage["data_disk"]["mount"] == "/mnt"
+    [system, data] = ET.fromstring(manifest["domain_xml"]).iterfind("devices/disk")
+    base = system.find("backingStore/source").get("file")
+    assert system.find("source").get("file") == str(vm.workdir / "system.qcow2")
+    assert qemu_img_info(vm.workdir / "system.qcow2")["backing-filename"] == base
+    assert Path(base).is_relative_to(vm.build_guest_image(vm.options.kernel_flavour).dir)
+    assert data.find("source").get("file") == str(vm.workdir / "data.qcow2")
+    # libvirt opened the chain it was given: the base read-only beneath the overlay
+    assert any(base in arg for arg in manifest["qemu_argv"])
+    # the uncompressed kernel entered directly, as the vm environment's
+    assert manifest["kernel_entry"] == "PVH entry of the uncompressed kernel"
+    assert ET.fromstring(manifest["domain_xml"]).findtext("os/kernel").endswith("/vmlinux")
     assert manifest["network"]["guest_driver"] == "virtio_net"
     assert Path(manifest["console_log"]).parent == vm.workdir
 
@@ -444,12 +544,13 @@ def test_manifest(vm, libvirtd):
 @needs_root
 @pytest.mark.slow
 def test_teardown_leaves_no_domain_and_no_qemu(vm, conn):
-    name, disk = vm.domain_name, vm.workdir / "disk.qcow2"
-    assert [d.name() for d in conn.listAllDomains()] == [name] and qemu_of(name) and disk.exists()
+    name, disks = vm.domain_name, [vm.workdir / "system.qcow2", vm.workdir / "data.qcow2"]
+    assert [d.name() for d in conn.listAllDomains()] == [name] and qemu_of(name)
+    assert all(disk.exists() for disk in disks)
     vm.teardown()
     assert conn.listAllDomains() == []
     assert qemu_of(name) == []
-    assert not disk.exists() and (vm.workdir / CONSOLE_LOG).exists()
+    assert not any(disk.exists() for disk in disks) and (vm.workdir / CONSOLE_LOG).exists()
     vm.teardown()  # twice is harmless
 
 
@@ -460,7 +561,7 @@ def test_a_domain_libvirt_refuses_fails_with_its_xml(libvirtd, conn, guest_image
     with pytest.raises(EnvironmentError_, match="libvirt refused the domain") as caught:
         env.provision(kernel_build)
     assert '<model fallback="forbid">no-such-cpu-model</model>' in caught.value.log
-    assert conn.listAllDomains() == [] and not (tmp_path / "disk.raw").exists()
+    assert conn.listAllDomains() == [] and no_disks(tmp_path)
 
 
 @needs_root
@@ -478,7 +579,7 @@ def test_unbootable_guest_ends_the_domain_and_fails_with_its_console(libvirtd, c
     deadline = time.monotonic() + 15
     while conn.listAllDomains() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert conn.listAllDomains() == [] and not (tmp_path / "disk.raw").exists()
+    assert conn.listAllDomains() == [] and no_disks(tmp_path)
 
 
 @needs_binding

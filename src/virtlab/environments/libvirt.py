@@ -2,8 +2,9 @@
 
 The domain is described by a pure function of the options (``domain_xml``), the libvirt twin of
 ``vm.qemu_argv``: the same direct kernel boot (the shared image's kernel and initramfs, the
-kernel command line of ``vm.kernel_cmdline``), the same private disk copy, and the guest agent
-on a virtio-serial channel that libvirt itself connects to. One VM lives from ``provision`` to
+kernel command line of ``vm.kernel_cmdline``), the same two disks (a system overlay and the
+measured data disk; one disk copy when uploaded), and the guest agent on a virtio-serial channel
+that libvirt itself connects to. One VM lives from ``provision`` to
 ``teardown``::
 
     libvirt.open(uri)      qemu:///system, qemu+ssh://host/system, qemu+unix:///system?socket=...
@@ -11,21 +12,25 @@ on a virtio-serial channel that libvirt itself connects to. One VM lives from ``
     qemuAgentCommand       guest-ping until the agent answers, first guest-exec answered = boot_s;
                            every command after it is guest-exec + guest-exec-status
     console.log            the serial console, in the environment's workdir
-    destroy()              a transient domain is gone with it; the disk copy is removed
+    destroy()              a transient domain is gone with it; its disks are removed
 
 The domain's ``<metadata>`` names its owner (pid and start time, host and boot id), so that
 ``cleanup_leftovers(uri)`` destroys the domains of a virtlab that died without teardown and
 spares those of a running one.
 
-Files: the disk copy, kernel and initramfs are made on this machine. Without a storage pool
-(the default for a local URI) the domain names them by their paths, and the serial console is a
-file in the workdir; a remote URI then works only where its host sees them at the same paths
-(shared storage, e.g. the NFS of seed 003: ``storage_pool = ""``). With a storage pool (the
-plan's ``storage_pool``; "default" for a remote URI) they are uploaded as volumes of that pool
-on the target host through libvirt's storage API (``volume_xml``, ``upload_volume``; a sparse
-stream, so a sparse raw disk sends only its data), the domain names the volumes' paths, and the
-serial console is a pty that libvirt streams back (``virDomainOpenConsole``) into the local
-``console.log``. A volume's name carries its owner (``volume_name``), so that
+Files: the disks, kernel and initramfs are made on this machine. Without a storage pool
+(the default for a local URI) the domain names them by their paths, the serial console is a
+file in the workdir, and the disks are the vm environment's two (docs/vm-disks-and-boot.md): the
+system disk (``vda``) a qcow2 overlay made in milliseconds whose ``<backingStore>`` is the image's
+cached raw disk, and the measured data disk of the plan's format, allocation and bus. A remote URI
+then works only where its host sees them at the same paths (shared storage, e.g. the NFS of seed
+003: ``storage_pool = ""``). With a storage pool (the plan's ``storage_pool``; "default" for a
+remote URI) they are uploaded as volumes of that pool on the target host through libvirt's
+storage API (``volume_xml``, ``upload_volume``; a sparse stream, so a sparse raw disk sends only
+its data): there the one disk is a copy of the image's disk in the plan's format (the target host
+has no base for an overlay to back onto), the measured disk too; the domain names the volumes'
+paths, and the serial console is a pty that libvirt streams back (``virDomainOpenConsole``) into
+the local ``console.log``. A volume's name carries its owner (``volume_name``), so that
 ``cleanup_leftovers`` also deletes the volumes of a virtlab that died; teardown deletes them.
 The manifest's ``uploads`` gives each volume's name, path on the host, size and upload time.
 
@@ -74,6 +79,7 @@ from virtlab.environments._base import (
 )
 from virtlab.environments.guest_vm import (
     CONSOLE_LOG,
+    SYSTEM_ROOT,
     GuestVmEnvironment,
     VmOptions,
     bridge_mac,
@@ -84,7 +90,7 @@ from virtlab.environments.guest_vm import (
 )
 from virtlab.hosts.guests import guest_interface
 from virtlab.hosts.libvirt_uri import uri_problem
-from virtlab.image import qemu_img_info
+from virtlab.image import pvh_kernel, qemu_img_info
 from virtlab.qemu import alive, start_ticks, tail, vcpu_threads_by_name
 from virtlab.qmp import GuestAgentError
 
@@ -197,7 +203,9 @@ class DomainFiles:
     """Absolute paths as the host that runs QEMU sees them.
 
     ``console`` None: the serial console is a pty (read through libvirt's console stream);
-    ``disk_kind`` "block" when the disk is a block device (a volume of an LVM pool, ...).
+    ``disk_kind`` "block" when the disk is a block device (a volume of an LVM pool, ...);
+    ``backing`` set: ``disk`` is a qcow2 overlay on that raw file (its read-only backing store),
+    always on virtio-blk, and ``data`` the measured disk on the plan's bus in its format.
     """
 
     kernel: str
@@ -205,6 +213,8 @@ class DomainFiles:
     disk: str
     console: str | None
     disk_kind: str = "file"
+    backing: str | None = None
+    data: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,11 +227,12 @@ class Owner:
     boot_id: str | None
     workdir: str = ""
     disk: str = ""
+    data: str = ""
 
     @classmethod
-    def current(cls, workdir: str = "", disk: str = "") -> Owner:
+    def current(cls, workdir: str = "", disk: str = "", data: str = "") -> Owner:
         pid = os.getpid()
-        return cls(pid, start_ticks(pid), socket.gethostname(), _boot_id(), workdir, disk)
+        return cls(pid, start_ticks(pid), socket.gethostname(), _boot_id(), workdir, disk, data)
 
     def element(self) -> ET.Element:
         attributes = {
@@ -231,6 +242,7 @@ class Owner:
             "boot_id": self.boot_id or "",
             "workdir": self.workdir,
             "disk": self.disk,
+            "data": self.data,
         }
         return ET.Element(f"{{{OWNER_NAMESPACE}}}owner", attributes)
 
@@ -250,6 +262,7 @@ class Owner:
                 boot_id=element.get("boot_id") or None,
                 workdir=element.get("workdir", ""),
                 disk=element.get("disk", ""),
+                data=element.get("data", ""),
             )
         except ValueError:
             return None
@@ -262,12 +275,18 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attributes: st
     return element
 
 
-def disk_targets(options: VmOptions) -> list[dict[str, str]]:
-    """libvirt ``<target>`` (and ``<address>``) of disk 0 (root) and disk 1 (block_device).
+def disk_targets(options: VmOptions, system_disk: bool = False) -> list[dict[str, str]]:
+    """libvirt ``<target>`` (and ``<address>``) of the disks: the root (or, with ``system_disk``,
+    the system overlay on virtio-blk, then the data disk) and the block_device.
 
     One disk per IDE channel as in ``vm.qemu_argv`` (hda, hdc); q35's IDE is its AHCI (sata).
     """
     count = 2 if options.block_device else 1
+    if system_disk:
+        system = {"dev": "vda", "bus": "virtio"}
+        if options.disk_bus == "virtio-blk":
+            return [system, *({"dev": f"vd{'bc'[i]}", "bus": "virtio"} for i in range(count))]
+        return [system, *disk_targets(options)]
     if options.disk_bus == "virtio-blk":
         return [{"dev": f"vd{'ab'[i]}", "bus": "virtio"} for i in range(count)]
     if options.disk_bus == "virtio-scsi":
@@ -326,16 +345,28 @@ def _tuning(domain: ET.Element, options: VmOptions, host_cells: Sequence[Sequenc
 
 
 def _disks(devices: ET.Element, options: VmOptions, files: DomainFiles) -> None:
-    targets = disk_targets(options)
+    overlay = files.backing is not None
+    targets = disk_targets(options, system_disk=overlay)
     if options.disk_bus == "virtio-scsi":
         _sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
-    sources = [(files.disk_kind, options.image_format, files.disk)]
+    if overlay:
+        assert files.data is not None, "an overlay system disk comes with its data disk"
+        sources = [("file", "qcow2", files.disk), ("file", options.image_format, files.data)]
+    else:
+        sources = [(files.disk_kind, options.image_format, files.disk)]
     if options.block_device:
         sources.append(("block", "raw", options.block_device))
-    for (kind, fmt, path), target in zip(sources, targets, strict=True):
+    for index, ((kind, fmt, path), target) in enumerate(zip(sources, targets, strict=True)):
         disk = _sub(devices, "disk", type=kind, device="disk")
         _sub(disk, "driver", name="qemu", type=fmt, cache=options.disk_cache, io=options.disk_aio)
         _sub(disk, "source", **({"file": path} if kind == "file" else {"dev": path}))
+        if overlay and index == 0:
+            # The overlay's read-only base, named rather than probed from the qcow2 header: the
+            # chain libvirt opens (and would label) is the one written here.
+            backing = _sub(disk, "backingStore", type="file")
+            _sub(backing, "format", type="raw")
+            _sub(backing, "source", file=files.backing)
+            _sub(backing, "backingStore")  # the base has no backing file of its own
         _sub(disk, "target", dev=target["dev"], bus=target["bus"])
         if "unit" in target:
             _sub(disk, "address", type="drive", controller="0", bus="0", target="0", unit=target["unit"])
@@ -734,7 +765,7 @@ def cleanup_leftovers(uri: str = DEFAULT_URI, conn: Any = None) -> list[str]:
 
     A domain is judged by the owner in its metadata (pid + start time, so a recycled pid is not
     taken for it); a domain without that record, a persistent one, or one whose owner lives on
-    another machine is left alone. The disk copy of a destroyed domain is removed when it was
+    another machine is left alone. The disks of a destroyed domain are removed when they were
     made on this machine; the uploaded volumes of dead owners are deleted (``cleanup_volumes``).
     """
     libvirt = _libvirt()
@@ -754,8 +785,10 @@ def cleanup_leftovers(uri: str = DEFAULT_URI, conn: Any = None) -> list[str]:
             except libvirt.libvirtError:
                 continue  # ended meanwhile
             destroyed.append(name)
-            if owner.disk and owner.host == socket.gethostname():
-                Path(owner.disk).unlink(missing_ok=True)
+            if owner.host == socket.gethostname():
+                for disk in (owner.disk, owner.data):
+                    if disk:
+                        Path(disk).unlink(missing_ok=True)
         cleanup_volumes(conn)
     finally:
         if own:
@@ -953,23 +986,33 @@ class LibvirtEnvironment(GuestVmEnvironment):
         assert self.accelerator is not None
         image = self._image()
         guest_kernels = self._guest_kernels(kernels)
+        pool = upload_pool(self.options)
+        overlay = pool is None  # the overlay's base is on this machine: not for an uploaded disk
         try:
             # a bridged guest's static address (the image has no DHCP client): virtlab.ip
             address = self.options.guest_address if self.options.bridge is not None else None
-            skip = unneeded_modules(self.options, image.manifest)
-            cmdline = kernel_cmdline(self.options, self.accelerator, ip=address, skip_modules=skip)
+            skip = unneeded_modules(self.options, image.manifest, system_virtio_blk=overlay)
+            cmdline = kernel_cmdline(
+                self.options, self.accelerator, ip=address, skip_modules=skip,
+                root=SYSTEM_ROOT if overlay else None,
+            )  # fmt: skip
         except ValueError as error:  # a command line longer than the kernel takes
             raise EnvironmentError_(f"libvirt VM {self.name}: {error}") from error
-        self._disk = self._make_disk(image, guest_kernels)
         self.domain_name = domain_name(self.name, uuid.uuid4().hex[:8])
-        pool = upload_pool(self.options)
-        if pool is None:
+        # The uncompressed kernel entered directly (PVH), as the vm environment's: no decompressor.
+        pvh, self._details["kernel_entry"] = pvh_kernel(image)
+        kernel = pvh or image.kernel
+        if overlay:
+            self._disk = self._make_system_disk(image, guest_kernels)
+            assert self._data is not None
             files = DomainFiles(
-                kernel=str(image.kernel), initrd=str(image.initrd), disk=str(self._disk),
-                console=str(self.workdir / CONSOLE_LOG),
+                kernel=str(kernel), initrd=str(image.initrd), disk=str(self._disk),
+                console=str(self.workdir / CONSOLE_LOG), data=str(self._data),
+                backing=qemu_img_info(self._disk)["backing-filename"],
             )  # fmt: skip
         else:
-            files = self._upload(pool, {"disk": self._disk, "kernel": image.kernel, "initrd": image.initrd})
+            self._disk = self._make_disk(image, guest_kernels)
+            files = self._upload(pool, {"disk": self._disk, "kernel": kernel, "initrd": image.initrd})
         local = is_local(self.options.uri)
         self._xml = domain_xml(
             self.options,
@@ -978,7 +1021,9 @@ class LibvirtEnvironment(GuestVmEnvironment):
             files=files,
             cmdline=cmdline,
             title=f"virtlab environment {self.name}",
-            owner=Owner.current(str(self.workdir), str(self._disk) if self._disk else ""),
+            owner=Owner.current(
+                str(self.workdir), *(str(disk) if disk else "" for disk in (self._disk, self._data))
+            ),
             host_cells=self._host_cells(),
             dac_label=f"+{os.getuid()}:+{os.getgid()}" if local else None,
         )
@@ -1154,9 +1199,11 @@ class LibvirtEnvironment(GuestVmEnvironment):
             self._console.close()
             self._console = None
         self._qemu_pid = None
-        if self._disk is not None:
-            self._disk.unlink(missing_ok=True)
-            self._disk = None
+        for disk in (self._disk, self._data):
+            if disk is not None:
+                disk.unlink(missing_ok=True)
+        self._disk = self._data = None
+        self._data_mount = None
         while self._volumes:
             delete_volume(self._volumes.pop())
         if self._conn is not None:

@@ -39,7 +39,7 @@ from virtlab.image import apt
 from virtlab.image.initramfs import build_initramfs, module_dependencies, parse_modules_dep
 
 # Bump when the recipe in this file changes what lands in an image; the scripts are hashed as text.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4  # 4: the initramfs uncompressed
 # Files the build creates get this timestamp rather than the build's time (reproducible-builds.org).
 DEFAULT_SOURCE_DATE_EPOCH = 1686355200  # 2023-06-10, Debian 12 "bookworm" released
 

@@ -38,19 +38,25 @@ poweroff_now() {
 [ -e /proc/self ] || mount -t proc proc /proc
 [ -d /sys/kernel ] || mount -t sysfs sysfs /sys
 [ -e /dev/null ] || mount -t devtmpfs devtmpfs /dev
-mkdir -p /dev/pts /dev/shm
-mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
-mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
-mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run
-[ -e /sys/fs/cgroup/cgroup.procs ] || mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
-# devtmpfs lacks what udev would add; shells and tools expect these (the initramfs makes them).
-[ -e /dev/fd ] || ln -sfn /proc/self/fd /dev/fd
-[ -e /dev/stdin ] || ln -sfn /proc/self/fd/0 /dev/stdin
-[ -e /dev/stdout ] || ln -sfn /proc/self/fd/1 /dev/stdout
-[ -e /dev/stderr ] || ln -sfn /proc/self/fd/2 /dev/stderr
-mkdir -p /run/lock /run/sshd /run/virtlab /dev/virtio-ports
-# Tells /sbin/shutdown (virtlab's) that it runs in a VM it may power off.
-: > /run/virtlab-guest
+# virtlab's initramfs (init.sh) makes the rest with busybox, far cheaper than this tree's programs
+# under TCG, and says so with /run/virtlab-guest; another initramfs leaves it to this script.
+set_up=
+[ -e /run/virtlab-guest ] && set_up=1
+if [ -z "$set_up" ]; then
+    mkdir -p /dev/pts /dev/shm
+    mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
+    mount -t tmpfs -o nosuid,nodev tmpfs /dev/shm
+    mount -t tmpfs -o nosuid,nodev,mode=755 tmpfs /run
+    [ -e /sys/fs/cgroup/cgroup.procs ] || mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+    # devtmpfs lacks what udev would add; shells and tools expect these.
+    [ -e /dev/fd ] || ln -sfn /proc/self/fd /dev/fd
+    [ -e /dev/stdin ] || ln -sfn /proc/self/fd/0 /dev/stdin
+    [ -e /dev/stdout ] || ln -sfn /proc/self/fd/1 /dev/stdout
+    [ -e /dev/stderr ] || ln -sfn /proc/self/fd/2 /dev/stderr
+    mkdir -p /run/lock /run/sshd /run/virtlab /dev/virtio-ports
+    # Tells /sbin/shutdown (virtlab's) that it runs in a VM it may power off.
+    : > /run/virtlab-guest
+fi
 
 hostname=virtlab-guest
 ip_addr=
@@ -77,7 +83,7 @@ for opt in $cmdline; do
 done
 
 echo "$hostname" > /proc/sys/kernel/hostname
-# One ip for all links, the address and the route (ip -batch).
+# One ip for all links, the address and the route (ip -batch), where the initramfs did not.
 links="link set lo up"
 for dev in /sys/class/net/*; do
     name="${dev##*/}"
@@ -93,15 +99,16 @@ addr add $ip_addr dev $iface"
 route add default via $gateway"
 fi
 # -force: a failing line does not stop the others, as when each was its own ip.
-ip -force -batch - <<LINKS
+[ -n "$set_up" ] || ip -force -batch - <<LINKS
 $links
 LINKS
 if [ -n "$dns" ] && [ -w /etc ]; then
     echo "nameserver $dns" > /etc/resolv.conf
 fi
 
-# No udev here: name the virtio-serial ports the way its rules would. Ports are announced by
-# the device after the driver binds, so give a guest agent port a moment to show up.
+# No udev here: name the virtio-serial ports the way its rules would (the initramfs did, unless the
+# port came later). Ports are announced by the device after the driver binds, so give a guest agent
+# port a moment to show up.
 link_virtio_ports() {
     for port in /sys/class/virtio-ports/*; do
         [ -r "$port/name" ] || continue
