@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -36,27 +37,42 @@ def listed_packages(text: str, scope: str = "all") -> set[str]:
     return {row[0] for row in rows if scope == "all" or row[1:2] == ["study"]}
 
 
-def declared_tools() -> dict[str, str]:
-    """Every host program virtlab's modules and tests declare -> who declares it."""
+def tools_of(
+    workload_kinds: Iterable[str],
+    environment_kinds: Iterable[str],
+    tables: Iterable[tuple[str, Iterable[str]]],
+) -> dict[str, str]:
+    """The host programs of those workload and environment kinds and of those (owner, tools)
+    tables -> who declares each (the first that does)."""
     tools: dict[str, str] = {}
-    for kind in WORKLOADS.names():
+    for kind in workload_kinds:
         for tool in WORKLOADS.get(kind).tools:
             tools.setdefault(tool, f"workload {kind}")
-    for kind in ENVIRONMENTS.names():
+    for kind in environment_kinds:
         for tool in ENVIRONMENTS.get(kind).host_tools:
             tools.setdefault(tool, f"environment {kind}")
-    for owner, table in (
-        ("virtlab.network", network.TOOLS),
-        ("virtlab.testhost", testhost.TOOLS),
-        ("virtlab.testlibvirtd", testlibvirtd.TOOLS),
-        ("virtlab.fleet", fleet.LIBVIRT_TOOLS),
-        ("the image builder", IMAGE_TOOLS),
-        ("the image disk", DISK_TOOLS),
-        ("virtlab doctor", doctor.TOOL_PACKAGES),
-        ("tests/marks.py", marks.TEST_TOOLS),
-    ):
+    for owner_name, table in tables:
         for tool in table:
-            tools.setdefault(tool, owner)
+            tools.setdefault(tool, owner_name)
+    return tools
+
+
+def declared_tools() -> dict[str, str]:
+    """Every host program virtlab's modules and tests declare -> who declares it."""
+    tools = tools_of(
+        WORKLOADS.names(),
+        ENVIRONMENTS.names(),
+        (
+            ("virtlab.network", network.TOOLS),
+            ("virtlab.testhost", testhost.TOOLS),
+            ("virtlab.testlibvirtd", testlibvirtd.TOOLS),
+            ("virtlab.fleet", fleet.LIBVIRT_TOOLS),
+            ("the image builder", IMAGE_TOOLS),
+            ("the image disk", DISK_TOOLS),
+            ("virtlab doctor", doctor.TOOL_PACKAGES),
+            ("tests/marks.py", marks.TEST_TOOLS),
+        ),
+    )
     tools.setdefault(nfs.SERVER, "virtlab.nfs")
     return tools
 
@@ -205,21 +221,17 @@ def default_study_tools() -> dict[str, str]:
     its workloads, the guest image's build and disk, virtlab's network, and the two that no table
     declares: the C compiler of the kernels and lz4, which unpacks Debian's kernel for a PVH boot."""
     plan = load_plan()
-    tools = {"cc": "virtlab.build (the C kernels)", "lz4": "virtlab.image.pvh (Debian's kernel is lz4)"}
-    for spec in plan.environments:
-        for tool in ENVIRONMENTS.get(spec.kind).host_tools:
-            tools.setdefault(tool, f"environment {spec.kind}")
-    for spec in plan.workloads:
-        for tool in WORKLOADS.get(spec.kind).tools:
-            tools.setdefault(tool, f"workload {spec.kind}")
-    for owner_name, table in (
-        ("the image builder", IMAGE_TOOLS),
-        ("the image disk", DISK_TOOLS),
-        ("virtlab.network", network.TOOLS),
-    ):
-        for tool in table:
-            tools.setdefault(tool, owner_name)
-    return tools
+    return tools_of(
+        [spec.kind for spec in plan.workloads],
+        [spec.kind for spec in plan.environments],
+        [
+            ("virtlab.build (the C kernels)", ["cc"]),
+            ("virtlab.image.pvh (Debian's kernel is lz4)", ["lz4"]),
+            ("the image builder", IMAGE_TOOLS),
+            ("the image disk", DISK_TOOLS),
+            ("virtlab.network", network.TOOLS),
+        ],
+    )
 
 
 def test_the_default_study_needs_only_what_set_up_for_a_study_installs():

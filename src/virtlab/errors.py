@@ -5,6 +5,12 @@ from __future__ import annotations
 import errno
 import sqlite3
 
+INSTALL_OPTIONAL_PARTS = (
+    "run scripts/setup.sh, which installs virtlab with every optional part "
+    "(scripts/setup.sh --study, for the default study, leaves some out)"
+)
+"""The fix for a Python package of virtlab's optional parts (pyproject's extras) that is missing."""
+
 
 class InputError(Exception):
     """Bad input: a plan, a command-line value or a results directory.

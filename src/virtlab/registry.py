@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from virtlab.errors import InputError
+from virtlab.errors import INSTALL_OPTIONAL_PARTS, InputError
 
 T = TypeVar("T")
 
@@ -53,8 +53,7 @@ class MissingDependencyError(InputError):
         super().__init__(
             f"{kind} {name!r}",
             f"needs the Python package {package!r}, which is not installed",
-            "run scripts/setup.sh, which installs virtlab with every optional part "
-            "(scripts/setup.sh --study, for the default study, leaves some out)",
+            INSTALL_OPTIONAL_PARTS,
         )
 
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from virtlab.errors import InputError
+from virtlab.errors import INSTALL_OPTIONAL_PARTS, InputError
 from virtlab.hosts.model import DEFAULT_KNOWN_HOSTS, Host
 from virtlab.hosts.remote import host_problem
 from virtlab.hosts.tables import NAME_PATTERN, beside
@@ -66,8 +66,7 @@ def load_inventory(path: Path) -> tuple[Host, ...]:
             raise InputError(
                 str(path),
                 f"reading an Ansible inventory needs ansible-core, which is not installed ({error})",
-                "run scripts/setup.sh, which installs virtlab with every optional part "
-                "(scripts/setup.sh --study, for the default study, leaves it out)",
+                INSTALL_OPTIONAL_PARTS,
             ) from None
 
         # What Ansible said while it set itself up (it cannot patch a StringIO for fork-safety,
